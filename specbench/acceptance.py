@@ -1,0 +1,65 @@
+"""The acceptance rule of speculative sampling, as a pure batched tensor function.
+
+No model, cache or clock in here: given drafted tokens, their processed draft
+distribution q and the target's processed distribution p, decide how many drafts
+are accepted and produce the one extra token (recovered or bonus). Greedy decoding
+needs no special case: `process_logits` makes p and q one-hot, and then the rule
+accepts iff the draft equals argmax p and recovers argmax p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Acceptance:
+    accepted: torch.Tensor  # [B] long, number of leading drafts accepted (0..gamma)
+    extra_token: torch.Tensor  # [B] long, recovered token (accepted < gamma) or bonus token
+    is_bonus: torch.Tensor  # [B] bool, True when all gamma drafts were accepted
+
+
+def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x)/q(x)) elementwise; q(x) = 0 (never drafted by sampling) accepts iff p(x) > 0."""
+    ratio = p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny)
+    return torch.where(q_x > 0, ratio.clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(p - q)+ normalised over the last dim; falls back to p where p <= q everywhere.
+
+    The fallback is only reachable where rejection had probability zero (p = q), so
+    it never changes the output distribution; it just keeps the result NaN-free.
+    """
+    r = (p - q).clamp_min(0.0)
+    z = r.sum(-1, keepdim=True)
+    return torch.where(z > 0, r / z.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,  # [B, gamma] long
+    q: torch.Tensor,  # [B, gamma, V] processed draft distribution at each drafted position
+    p: torch.Tensor,  # [B, gamma + 1, V] processed target distribution (last = bonus position)
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,  # [B, gamma] in [0, 1); drawn from generator if None
+) -> Acceptance:
+    """Accept draft i with probability min(1, p/q) until the first rejection; then sample
+    the recovered token from (p - q)+ there, or the bonus token from p[gamma] if none failed."""
+    batch, gamma = draft_tokens.shape
+    if uniforms is None:
+        uniforms = torch.rand(batch, gamma, device=p.device, dtype=p.dtype, generator=generator)
+    p_x = p[:, :gamma].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, gamma]
+    q_x = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, gamma]
+    passed = uniforms < acceptance_probability(p_x, q_x)  # [B, gamma]
+    accepted = passed.long().cumprod(-1).sum(-1)  # [B] leading passes only
+
+    # A zero q row at position gamma turns the residual there into p[gamma], so the
+    # recovered and the bonus token come from one gather and one draw.
+    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # [B, gamma + 1, V]
+    index = accepted.view(batch, 1, 1).expand(batch, 1, p.shape[-1])
+    p_at = p.gather(1, index).squeeze(1)  # [B, V]
+    q_at = q_padded.gather(1, index).squeeze(1)  # [B, V]
+    extra = torch.multinomial(residual(p_at, q_at), 1, generator=generator).squeeze(-1)  # [B]
+    return Acceptance(accepted=accepted, extra_token=extra, is_bonus=accepted == gamma)

@@ -1,0 +1,75 @@
+"""`specbench.decode`: the decoder as a one-call Python API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from specbench.config import DraftConfig, ModelConfig, PairConfig
+from specbench.decoder import autoregressive_decode, speculative_decode
+from specbench.kvcache import CachedLM
+from specbench.pair import load_pair
+from specbench.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
+from specbench.sampling import SamplingConfig
+from specbench.timing import PhaseTimer
+from specbench.workloads import Prompt, render_prompt
+
+
+@dataclass
+class DecodeOutput:
+    text: list[str]
+    tokens: list[list[int]]
+    rounds: pd.DataFrame  # one row per (round, row): raw counts and phase times
+    requests: pd.DataFrame  # one row per prompt
+
+
+def decode(
+    prompts: str | list[str],
+    target: str = "embedded",
+    draft: str = "w8a16",
+    draft_model: str | None = None,
+    gamma: int = 4,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 128,
+    dtype: str = "auto",
+    device: str = "cpu",
+    seed: int = 0,
+    speculative: bool = True,
+    chat_template: bool = True,
+) -> DecodeOutput:
+    """Decode a batch of prompts (one batch of B = len(prompts)) with speculative decoding,
+    or the autoregressive baseline when `speculative=False`.
+
+    `draft` is 'w8a16' (int8 copy of the target), 'ngram' (prompt lookup) or 'model'
+    (then `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
+    """
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    pair_cfg = PairConfig(
+        name="api", target=ModelConfig(source=target), draft=ModelConfig(source=draft_model), dtype=dtype, device=device
+    )
+    draft_cfg = DraftConfig(kind=draft)
+    if draft == "model" and not draft_model:
+        raise ValueError("draft='model' needs draft_model (a model id, .gguf file or directory)")
+    pair = load_pair(pair_cfg, draft_cfg)
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if chat_template:
+        texts = [render_prompt(Prompt(str(i), "api", [{"role": "user", "content": t}]), pair.tokenizer)
+                 for i, t in enumerate(texts)]  # fmt: skip
+    ids = [pair.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
+    generator = torch.Generator(device=pair.target.device).manual_seed(seed)
+    timer = PhaseTimer(pair.target.device)
+    if speculative:
+        result = speculative_decode(CachedLM(pair.target), pair.new_draft(), ids, gamma, sampling,
+                                    max_new_tokens, pair.eos, generator, timer)  # fmt: skip
+    else:
+        result = autoregressive_decode(CachedLM(pair.target), ids, sampling, max_new_tokens, pair.eos, generator, timer)
+    return DecodeOutput(
+        text=pair.tokenizer.batch_decode(result.tokens, skip_special_tokens=True),
+        tokens=result.tokens,
+        rounds=to_frame(result.rounds, ROUND_COLUMNS),
+        requests=to_frame(result.requests, REQUEST_COLUMNS),
+    )

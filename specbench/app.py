@@ -1,0 +1,79 @@
+"""The Hydra app: `python -m specbench` runs one job; `+sweep=<preset>` runs a multirun.
+
+Jobs land in `runs/<sweep_name>/<overrides>/` beside Hydra's resolved config; a
+done job is skipped on re-run, a failed one is recorded and the sweep goes on.
+At the end of a multirun, `SweepSummary` prints the one-screen summary table and
+writes the sweep's report.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config import Config, register_configs
+
+log = logging.getLogger("specbench")
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+register_configs()
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """DictConfig -> validated dataclasses (every `__post_init__` runs here, before any model loads)."""
+    return OmegaConf.to_object(cfg)
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    config = to_config(cfg)
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    from specbench.job import run_job  # heavy imports after validation
+
+    try:
+        ran = run_job(config, job_dir, OmegaConf.to_yaml(cfg, resolve=True))
+    except Exception as exc:  # already written to failure.json by run_job
+        log.error("FAILED %s: %s: %s", job_dir, type(exc).__name__, exc)
+        if HydraConfig.get().mode.name != "MULTIRUN":
+            raise SystemExit(1) from None
+        return
+    if not ran:
+        log.info("already done, skipped: %s (force=true re-runs it)", job_dir)
+    elif HydraConfig.get().mode.name != "MULTIRUN":
+        print(_summary(job_dir))
+
+
+def _summary(sweep_dir: Path) -> str:
+    from specbench import costmodel, runstore
+
+    requests = runstore.load_sweep(sweep_dir, "requests")
+    rounds = runstore.load_sweep(sweep_dir, "rounds")
+    table = costmodel.summary_table(rounds, requests)
+    text = costmodel.format_summary(table)
+    failures = runstore.load_failures(sweep_dir)
+    if len(failures):
+        text += "\n\nFAILED jobs (re-run the same command to retry them):\n" + failures[["job", "kind", "message"]].to_string(index=False)
+    return text
+
+
+class SweepSummary(Callback):
+    """Print the summary table and write the report when a multirun ends."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            print(_summary(sweep_dir))
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"no summary for {sweep_dir}: {exc}")
+            return
+        if config.get("report", True):
+            from specbench.report import write_report
+
+            out = write_report(sweep_dir)
+            print(f"report: {out}")

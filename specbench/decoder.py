@@ -1,0 +1,219 @@
+"""The speculative decoder and its autoregressive baseline, as small free functions.
+
+Both share loading, logits processing (`process_logits`) and timing (`PhaseTimer`),
+so the baseline differs from speculation only in how tokens are proposed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specbench.acceptance import Acceptance, rejection_sample
+from specbench.drafts import Draft
+from specbench.kvcache import CachedLM
+from specbench.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
+from specbench.sampling import SamplingConfig, process_logits, sample
+from specbench.timing import PhaseTimer
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[list[int]]  # new tokens per row (EOS included when it ended the row)
+    rounds: list[RoundRecord] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """Committed tokens of every row and which rows are still decoding (in cache order)."""
+
+    seqs: list[list[int]]
+    prompt_lens: list[int]
+    max_new_tokens: int
+    eos: set[int]
+    active: list[int] = field(default_factory=list)
+    finished_by: dict[int, str] = field(default_factory=dict)
+    finish_mark: dict[int, int] = field(default_factory=dict)
+    rounds_of: dict[int, int] = field(default_factory=dict)
+
+    def commit(self, row: int, new: list[int]) -> int:
+        """Append up to EOS / max_new_tokens; returns how many tokens were appended."""
+        room = self.max_new_tokens - (len(self.seqs[row]) - self.prompt_lens[row])
+        new = new[:room]
+        for i, tok in enumerate(new):
+            if tok in self.eos:
+                new = new[: i + 1]
+                self.finished_by[row] = "eos"
+                break
+        self.seqs[row].extend(new)
+        self.rounds_of[row] = self.rounds_of.get(row, 0) + 1
+        if row not in self.finished_by and len(self.seqs[row]) - self.prompt_lens[row] >= self.max_new_tokens:
+            self.finished_by[row] = "max_new_tokens"
+        return len(new)
+
+    def stamp(self, mark: int) -> None:
+        """Rows that finished since the last stamp finished at this timer mark."""
+        for row in self.finished_by:
+            self.finish_mark.setdefault(row, mark)
+
+    def drop_finished(self, *holders) -> None:
+        keep = [i for i, row in enumerate(self.active) if row not in self.finished_by]
+        if len(keep) < len(self.active):
+            self.active = [self.active[i] for i in keep]
+            if self.active:
+                index = torch.tensor(keep)
+                for holder in holders:
+                    holder.select_rows(index.to(getattr(holder, "device", "cpu")))
+
+
+def _start(
+    target: CachedLM, prompts: list[list[int]], max_new_tokens: int, eos: set[int], sampling, generator, timer
+) -> tuple[_Batch, int, int]:
+    """Prefill the target and commit the first token from its distribution (TTFT ends here)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts: need at least one prompt, and every prompt needs at least one token")
+    batch = _Batch([list(p) for p in prompts], [len(p) for p in prompts], max_new_tokens, eos)
+    batch.active = list(range(len(prompts)))
+    start = timer.mark()
+    p0 = process_logits(target.prefill(batch.seqs), sampling)
+    first = sample(p0, generator).tolist()
+    first_mark = timer.mark()
+    for row, tok in enumerate(first):
+        batch.commit(row, [tok])
+        batch.rounds_of[row] = 0
+    batch.stamp(first_mark)
+    return batch, start, first_mark
+
+
+def _requests(batch: _Batch, seconds: list[float], start: int, first_mark: int) -> list[RequestRecord]:
+    return [
+        RequestRecord(
+            row=row,
+            prompt_tokens=batch.prompt_lens[row],
+            new_tokens=len(batch.seqs[row]) - batch.prompt_lens[row],
+            rounds=batch.rounds_of[row],
+            wall_time=seconds[batch.finish_mark[row]] - seconds[start],
+            ttft=seconds[first_mark] - seconds[start],
+            finished_by=batch.finished_by[row],
+        )
+        for row in range(len(batch.seqs))
+    ]
+
+
+def speculative_decode(
+    target: CachedLM,
+    draft: Draft,
+    prompts: list[list[int]],
+    gamma: int,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    generator: torch.Generator | None = None,
+    timer: PhaseTimer | None = None,
+    on_round: Callable[[list[list[int]], list[int]], None] | None = None,
+    rule: Callable[..., Acceptance] = rejection_sample,
+) -> DecodeResult:
+    """Draft gamma -> one target forward over gamma + 1 -> commit accepted + recovered/bonus.
+
+    `on_round(seqs, rows)` sees the committed tokens after every round (cache checks in
+    tests); `rule` swaps the acceptance rule (the audit's deliberately broken variants).
+    """
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma={gamma!r}: must be an integer >= 1")
+    timer = timer or PhaseTimer(target.device)
+    batch, start, first_mark = _start(target, prompts, max_new_tokens, eos_token_ids, sampling, generator, timer)
+    batch.drop_finished(target)
+    draft.prefill([batch.seqs[r] for r in batch.active])
+    pending: list[tuple] = []
+    n_round = 0
+    while batch.active:
+        seqs = [batch.seqs[r] for r in batch.active]
+        context = [len(s) for s in seqs]
+        m0 = timer.mark()
+        drafts, q = draft.propose(seqs, gamma, sampling, generator)  # [B, gamma], [B, gamma, V]
+        m1 = timer.mark()
+        last = torch.tensor([[s[-1]] for s in seqs], device=target.device)
+        logits = target.feed(torch.cat([last, drafts.to(target.device)], 1))  # [B, gamma + 1, V]
+        m2 = timer.mark()
+        p = process_logits(logits, sampling)
+        result = rule(drafts.to(p.device), q.to(p.device), p, generator)
+        accepted = result.accepted.tolist()  # the one host sync a round needs
+        extra = result.extra_token.tolist()
+        drafted = drafts.tolist()
+        target.keep_last_fed(gamma + 1, result.accepted + 1)
+        draft.commit(result.accepted.to(getattr(draft, "device", result.accepted.device)))
+        rows = list(batch.active)
+        committed = [batch.commit(row, drafted[i][: accepted[i]] + [extra[i]]) for i, row in enumerate(rows)]
+        if on_round is not None:
+            on_round([batch.seqs[r] for r in rows], rows)
+        batch.drop_finished(target, draft)
+        m3 = timer.mark()
+        batch.stamp(m3)
+        pending.append((n_round, rows, accepted, committed, context, (m0, m1, m2, m3)))
+        n_round += 1
+    seconds = timer.resolve()
+    rounds = []
+    for n, rows, accepted, committed, context, (m0, m1, m2, m3) in pending:
+        t_draft, t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m1], seconds[m3] - seconds[m0]
+        for i, row in enumerate(rows):
+            rounds.append(
+                RoundRecord(
+                    round=n, row=row, gamma=gamma, accepted=accepted[i],
+                    extra=BONUS if accepted[i] == gamma else RECOVERED,
+                    committed=committed[i], n_active=len(rows), context_len=context[i],
+                    t_draft=t_draft, t_verify=t_verify, t_overhead=t_round - t_draft - t_verify, t_round=t_round,
+                )
+            )  # fmt: skip
+    new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]
+    return DecodeResult(new, rounds, _requests(batch, seconds, start, first_mark))
+
+
+def autoregressive_decode(
+    target: CachedLM,
+    prompts: list[list[int]],
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    eos_token_ids: set[int],
+    generator: torch.Generator | None = None,
+    timer: PhaseTimer | None = None,
+) -> DecodeResult:
+    """The baseline: one target forward per token, same processing, sampling and timer."""
+    timer = timer or PhaseTimer(target.device)
+    batch, start, first_mark = _start(target, prompts, max_new_tokens, eos_token_ids, sampling, generator, timer)
+    batch.drop_finished(target)
+    pending = []
+    n_round = 0
+    while batch.active:
+        seqs = [batch.seqs[r] for r in batch.active]
+        context = [len(s) for s in seqs]
+        m0 = timer.mark()
+        logits = target.feed(torch.tensor([[s[-1]] for s in seqs], device=target.device))[:, -1]
+        m1 = timer.mark()
+        tokens = sample(process_logits(logits, sampling), generator).tolist()
+        rows = list(batch.active)
+        for i, row in enumerate(rows):
+            batch.commit(row, [tokens[i]])
+        batch.drop_finished(target)
+        m2 = timer.mark()
+        batch.stamp(m2)
+        pending.append((n_round, rows, context, (m0, m1, m2)))
+        n_round += 1
+    seconds = timer.resolve()
+    rounds = []
+    for n, rows, context, (m0, m1, m2) in pending:
+        t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m0]
+        for i, row in enumerate(rows):
+            rounds.append(
+                RoundRecord(
+                    round=n, row=row, gamma=0, accepted=0, extra=AUTOREGRESSIVE_STEP, committed=1,
+                    n_active=len(rows), context_len=context[i], t_draft=0.0, t_verify=t_verify,
+                    t_overhead=t_round - t_verify, t_round=t_round,
+                )
+            )  # fmt: skip
+    new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]
+    return DecodeResult(new, rounds, _requests(batch, seconds, start, first_mark))

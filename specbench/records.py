@@ -1,0 +1,69 @@
+"""Raw measurement rows: counts and times only, never derived rates.
+
+Every rate, fit, plot and recommendation is computed from these rows (see
+`specbench.costmodel`), so a report can be regenerated from `runs/` alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import pandas as pd
+
+# Decoder names as they appear in the `decoder` column.
+SPECULATIVE = "speculative"
+AUTOREGRESSIVE = "autoregressive"
+HF_ASSISTED = "hf_assisted"
+
+# How the one extra token of a round was produced.
+RECOVERED = "recovered"  # sampled from the residual (p - q)+ at the first rejection
+BONUS = "bonus"  # sampled from p at position gamma + 1 after all gamma were accepted
+AUTOREGRESSIVE_STEP = "step"  # a plain decoding step (baseline): one token from p
+
+
+@dataclass
+class RoundRecord:
+    """One row per (round, batch row). Times are seconds, shared by all rows of a round.
+
+    `accepted` counts drafted tokens that passed the test; `committed` is how many
+    tokens the row actually appended (accepted + 1, truncated at EOS/max_new_tokens).
+    `t_overhead` is `t_round - t_draft - t_verify` (C_o): sampling, acceptance,
+    cache rollback, bookkeeping, host syncs.
+    """
+
+    round: int  # 0-based round index within the batch
+    row: int  # index of the row in the request batch (stable across rounds)
+    gamma: int  # tokens drafted this round (0 for autoregressive steps)
+    accepted: int
+    extra: str  # RECOVERED | BONUS | AUTOREGRESSIVE_STEP
+    committed: int
+    n_active: int  # rows still decoding in this round (the batch the forward saw)
+    context_len: int  # committed tokens of this row (prompt + generated) before the round
+    t_draft: float  # C_d(gamma)
+    t_verify: float  # C_t(gamma + 1), or C_t(1) for an autoregressive step
+    t_overhead: float  # C_o
+    t_round: float
+
+
+ROUND_COLUMNS = [f.name for f in fields(RoundRecord)]
+
+
+@dataclass
+class RequestRecord:
+    """One row per request (prompt) and decoder run."""
+
+    row: int
+    prompt_tokens: int
+    new_tokens: int
+    rounds: int
+    wall_time: float  # seconds from the start of prefill to the last token of this row
+    ttft: float  # seconds from the start of prefill to the first new token (prefill)
+    finished_by: str  # "eos" | "max_new_tokens"
+
+
+REQUEST_COLUMNS = [f.name for f in fields(RequestRecord)]
+
+
+def to_frame(records: list, columns: list[str]) -> pd.DataFrame:
+    """Records (dataclasses) -> DataFrame with a stable column order, even when empty."""
+    return pd.DataFrame([asdict(r) for r in records], columns=columns)

@@ -1,0 +1,421 @@
+"""The run store: one directory per job, `runs/<sweep>/<job>/`, written crash-safely.
+
+Why: sweeps run for hours, jobs die (OOM, `kill -9`, a pre-empted SLURM node), and
+a report must be regenerable from `runs/` alone. So every file is written
+atomically (temp file in the same directory, fsync, `os.replace`): a reader sees
+the old file, the new file, or nothing, never half a parquet. `done.json` is
+written LAST; a job directory without it is incomplete, and `prepare_job_dir`
+wipes its leftovers before a re-run so rows are never duplicated.
+
+Layout of a job directory::
+
+    runs/<sweep>/<job>/
+        config.yaml, env.json, ...   # anything written with write_text / write_json
+        rounds.parquet, ...          # tables (raw rows, see specbench.records)
+        failure.json                 # only if the last attempt failed (not done)
+        done.json                    # written last: the job is complete
+
+Jobs may sit at any depth under the sweep directory; `load_sweep` finds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import errno
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import pandas as pd
+
+DONE_FILE = "done.json"
+FAILURE_FILE = "failure.json"
+TABLE_SUFFIX = ".parquet"
+TMP_PREFIX = ".tmp."  # temp files: ".tmp.<final name>.<random>", removed by prepare_job_dir
+
+# Files prepare_job_dir keeps in an incomplete job dir: Hydra appends its job log
+# there when the job dir is also Hydra's output dir (its `.hydra/` dir is a
+# directory and directories are never touched anyway).
+DEFAULT_KEEP: tuple[str, ...] = ("*.log",)
+
+PathLike = str | os.PathLike[str]
+
+_RESERVED = {DONE_FILE, FAILURE_FILE}
+_SAFE_CHARS = re.compile(r"[^A-Za-z0-9._,=+-]")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Persist a rename: fsync the directory entry (best effort; not on Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write `path` via a temp file in the same dir + fsync + os.replace.
+
+    Same directory so the rename never crosses a filesystem (and stays atomic).
+    On any error (including KeyboardInterrupt) the temp file is removed; on
+    SIGKILL it stays behind, named `.tmp.*`, and `prepare_job_dir` removes it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _check_name(name: str, suffix: str = "") -> str:
+    """Validate a file name (no directories, not hidden) and add `suffix` if missing."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"bad file name {name!r}: a plain, non-hidden name without '/' is required")
+    if suffix and not name.endswith(suffix):
+        name += suffix
+    return name
+
+
+def write_table(job_dir: PathLike, name: str, df: pd.DataFrame) -> Path:
+    """Atomically write `df` to `<job_dir>/<name>.parquet` (index dropped: rows are records)."""
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"write_table expects a pandas DataFrame, got {type(df).__name__}")
+    path = Path(job_dir) / _check_name(name, TABLE_SUFFIX)
+    return _atomic_write(path, lambda f: df.to_parquet(f, index=False))
+
+
+def _json_default(obj: Any) -> Any:
+    """Make common non-JSON values serialisable: numpy scalars/arrays, paths, dataclasses, dtypes."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if hasattr(obj, "tolist"):  # numpy scalars and arrays, torch tensors
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=str)
+    if isinstance(obj, (_dt.datetime, _dt.date)):
+        return obj.isoformat()
+    return str(obj)  # Path, torch.dtype, enums, ...
+
+
+def _dumps(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+
+
+def write_json(job_dir: PathLike, name: str, obj: Any) -> Path:
+    """Atomically write `obj` as JSON to `<job_dir>/<name>.json`.
+
+    `done.json` and `failure.json` are reserved: use `mark_done` / `write_failure`.
+    """
+    fname = _check_name(name, ".json")
+    if fname in _RESERVED:
+        raise ValueError(f"{fname} is reserved: use mark_done() or write_failure()")
+    data = _dumps(obj)  # serialise first: a bad object must not leave a temp file
+    return _atomic_write(Path(job_dir) / fname, lambda f: f.write(data))
+
+
+def write_text(job_dir: PathLike, filename: str, text: str) -> Path:
+    """Atomically write `text` (UTF-8) to `<job_dir>/<filename>`, e.g. `config.yaml`."""
+    fname = _check_name(filename)
+    if fname in _RESERVED:
+        raise ValueError(f"{fname} is reserved: use mark_done() or write_failure()")
+    data = text.encode("utf-8")
+    return _atomic_write(Path(job_dir) / fname, lambda f: f.write(data))
+
+
+def mark_done(job_dir: PathLike, meta: Mapping[str, Any] | None = None) -> Path:
+    """Declare the job complete: write `done.json` (meta + `finished_at`), atomically, last.
+
+    A `failure.json` from an earlier failed try in the same attempt is removed
+    first (a crash in between leaves an incomplete job, which is simply re-run).
+    """
+    job = Path(job_dir)
+    record = {**dict(meta or {}), "finished_at": _utc_now()}
+    data = _dumps(record)
+    try:
+        (job / FAILURE_FILE).unlink()
+    except FileNotFoundError:
+        pass
+    return _atomic_write(job / DONE_FILE, lambda f: f.write(data))
+
+
+def is_done(job_dir: PathLike) -> bool:
+    """True when the job finished: `done.json` exists (it is only ever written whole)."""
+    return (Path(job_dir) / DONE_FILE).is_file()
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Is this exception (or an exception it was raised `from`) an out-of-memory error?
+
+    Recognises torch.cuda.OutOfMemoryError (= torch.OutOfMemoryError), MemoryError,
+    OSError ENOMEM, and RuntimeErrors whose message says "out of memory",
+    "can't allocate memory" / "Cannot allocate memory" (the CPU allocator:
+    "DefaultCPUAllocator: can't allocate memory") or CUBLAS_STATUS_ALLOC_FAILED.
+    """
+    torch = sys.modules.get("torch")  # not imported => cannot be a torch OOM; don't import it
+    torch_oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if torch_oom is not None and isinstance(e, torch_oom):
+            return True
+        if isinstance(e, MemoryError):
+            return True
+        if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+            return True
+        if isinstance(e, (RuntimeError, OSError)):
+            msg = str(e).lower()
+            if any(
+                s in msg
+                for s in (
+                    "out of memory",
+                    "can't allocate memory",
+                    "cannot allocate memory",
+                    "defaultcpuallocator",
+                    "cublas_status_alloc_failed",
+                )
+            ):
+                return True
+        e = e.__cause__
+    return False
+
+
+def write_failure(
+    job_dir: PathLike,
+    exc: BaseException,
+    kind: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Record why the job failed in `failure.json` (atomically). The job stays not done.
+
+    `kind` is a short class such as "oom" or "error"; None infers it with `is_oom`.
+    `extra` (optional) is merged in, e.g. the batch size that ran out of memory.
+    """
+    if kind is None:
+        kind = "oom" if is_oom(exc) else "error"
+    record = {
+        **dict(extra or {}),
+        "kind": kind,
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "time": _utc_now(),
+    }
+    data = _dumps(record)
+    return _atomic_write(Path(job_dir) / FAILURE_FILE, lambda f: f.write(data))
+
+
+def prepare_job_dir(job_dir: PathLike, force: bool = False, keep: Iterable[str] = DEFAULT_KEEP) -> bool:
+    """Get a job dir ready to run; return False when it is already done (and not `force`).
+
+    A done job is left untouched unless `force`. Otherwise the directory is
+    created if needed and every top-level regular file in it (stale tables,
+    json, temp files, `failure.json`, `done.json` when forced) is removed, so
+    a re-run starts clean and never duplicates rows. Subdirectories and files
+    matching a `keep` glob (Hydra's `*.log` by default) are left alone.
+    """
+    job = Path(job_dir)
+    if job.exists() and not job.is_dir():
+        raise NotADirectoryError(f"job dir {job} exists and is not a directory")
+    if is_done(job) and not force:
+        return False
+    job.mkdir(parents=True, exist_ok=True)
+    keep = tuple(keep)
+    # Remove done.json first: if we die mid-cleanup the job must not look complete.
+    try:
+        (job / DONE_FILE).unlink()
+    except FileNotFoundError:
+        pass
+    for entry in job.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            continue
+        if not entry.name.startswith(TMP_PREFIX) and any(fnmatch.fnmatch(entry.name, k) for k in keep):
+            continue
+        try:
+            entry.unlink()
+        except FileNotFoundError:
+            pass
+    return True
+
+
+# --------------------------------------------------------------------------- job ids
+
+
+def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _fmt_value(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (str, int)):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return "+".join(_fmt_value(x) for x in v)
+    return str(v)
+
+
+def job_id(params: Mapping[str, Any], max_len: int = 100) -> str:
+    """A stable, readable, filesystem-safe id for a job from its swept parameters.
+
+    `{"gamma": 4, "batch_size": 2}` -> `"batch_size=2,gamma=4"` (keys sorted, nested
+    dicts flattened with dots, like Hydra's override dirname). When characters had
+    to be replaced (so two ids could collide) or the id exceeds `max_len`, it is
+    truncated and suffixed with `-` and 8 hex digits of a hash of the full params.
+    Empty params give `"default"`.
+    """
+    flat = _flatten(params)
+    if not flat:
+        return "default"
+    raw = ",".join(f"{k}={_fmt_value(flat[k])}" for k in sorted(flat))
+    safe = _SAFE_CHARS.sub("_", raw)
+    if safe.startswith("."):
+        safe = "_" + safe[1:]
+    if safe == raw and len(safe) <= max_len:
+        return safe
+    digest = hashlib.sha1(
+        json.dumps(flat, sort_keys=True, default=_json_default).encode()
+    ).hexdigest()[:8]
+    return f"{safe[: max(max_len - 9, 1)]}-{digest}"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _check_sweep_dir(sweep_dir: PathLike) -> Path:
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        parent = root.parent if str(root.parent) else Path(".")
+        near = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+        hint = f"; directories in {parent}: {', '.join(near)}" if near else ""
+        raise FileNotFoundError(
+            f"sweep directory {root} does not exist (jobs are written to runs/<sweep>/<job>/){hint}"
+        )
+    return root
+
+
+def _job_dirs(root: Path, marker: str) -> list[Path]:
+    return sorted(p.parent for p in root.rglob(marker) if p.is_file())
+
+
+def _rel(root: Path, job: Path) -> str:
+    return job.relative_to(root).as_posix() or "."
+
+
+def list_jobs(sweep_dir: PathLike) -> list[Path]:
+    """Directories of all DONE jobs under `sweep_dir` (any depth), sorted."""
+    return _job_dirs(_check_sweep_dir(sweep_dir), DONE_FILE)
+
+
+def load_sweep(sweep_dir: PathLike, table: str = "rounds") -> pd.DataFrame:
+    """Concatenate `<table>.parquet` of every DONE job under `sweep_dir` (any depth).
+
+    Adds a first column `job`: the job dir relative to `sweep_dir` (posix path).
+    Incomplete and failed jobs are ignored (see `load_failures`). Raises
+    FileNotFoundError if the dir does not exist and ValueError if no finished
+    job has that table, saying what was found instead.
+    """
+    root = _check_sweep_dir(sweep_dir)
+    fname = _check_name(table, TABLE_SUFFIX)
+    done = _job_dirs(root, DONE_FILE)
+    frames = []
+    for job in done:
+        path = job / fname
+        if path.is_file():
+            df = pd.read_parquet(path)
+            df.insert(0, "job", _rel(root, job))
+            frames.append(df)
+    if not frames:
+        failed = [j for j in _job_dirs(root, FAILURE_FILE) if not is_done(j)]
+        if done:
+            tables = sorted({p.name for j in done for p in j.glob(f"*{TABLE_SUFFIX}")})
+            raise ValueError(
+                f"none of the {len(done)} finished jobs under {root} has {fname}; "
+                f"tables present: {', '.join(tables) or 'none'}"
+            )
+        started = {p.parent for p in root.rglob(f"*{TABLE_SUFFIX}")} | set(failed)
+        incomplete = [j for j in started if not is_done(j) and j not in failed]
+        raise ValueError(
+            f"no finished jobs under {root} (no {DONE_FILE} found): "
+            f"{len(failed)} failed (see load_failures), {len(incomplete)} incomplete "
+            f"(interrupted or still running; re-run the sweep to finish them)"
+        )
+    non_empty = [f for f in frames if len(f)] or frames[:1]
+    out = pd.concat(non_empty, ignore_index=True)
+    return out
+
+
+def load_meta(sweep_dir: PathLike) -> pd.DataFrame:
+    """One row per DONE job: its `done.json` (nested keys flattened with dots) plus `job`."""
+    root = _check_sweep_dir(sweep_dir)
+    rows = []
+    for job in _job_dirs(root, DONE_FILE):
+        meta = json.loads((job / DONE_FILE).read_text())
+        rows.append({"job": _rel(root, job), **_flatten(meta)})
+    return pd.DataFrame(rows, columns=None if rows else ["job"])
+
+
+FAILURE_COLUMNS = ["job", "kind", "type", "message", "time", "traceback"]
+
+
+def load_failures(sweep_dir: PathLike) -> pd.DataFrame:
+    """One row per failed job (has `failure.json`, no `done.json`) under `sweep_dir`.
+
+    Columns: job, kind, type, message, time, traceback (+ any `extra` keys).
+    Empty (with those columns) when nothing failed.
+    """
+    root = _check_sweep_dir(sweep_dir)
+    rows = []
+    for job in _job_dirs(root, FAILURE_FILE):
+        if is_done(job):
+            continue
+        rec = json.loads((job / FAILURE_FILE).read_text())
+        rows.append({"job": _rel(root, job), **rec})
+    df = pd.DataFrame(rows)
+    for c in FAILURE_COLUMNS:
+        if c not in df.columns:
+            df[c] = pd.Series(dtype=object)
+    return df[FAILURE_COLUMNS + [c for c in df.columns if c not in FAILURE_COLUMNS]]

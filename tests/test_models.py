@@ -1,0 +1,129 @@
+"""Loading, the embedded default pair, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.config import Config, DraftConfig, PairConfig, SamplingSpec, WorkloadConfig
+from specbench.models import ModelLoadError, TokenizerMismatchError, check_same_tokenizer, convert_gguf, load_model
+from specbench.sampling import SamplingConfig
+
+from conftest import needs_embedded
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -0.5}, r"temperature=-0.5: must be a number >= 0"),
+        ({"top_p": 0.0}, r"top_p=0.0: must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p=1.5: must be in \(0, 1\]"),
+        ({"top_k": -1}, r"top_k=-1: must be an integer >= 0"),
+    ],
+)
+def test_bad_sampling_names_field_value_and_allowed(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
+    with pytest.raises(ValueError, match=message):
+        SamplingSpec(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"gamma": 0}, r"gamma=0: must be an integer >= 1"),
+        ({"batch_size": 0}, r"batch_size=0: must be an integer >= 1"),
+        ({"decoder": "vllm"}, r"decoder='vllm': must be one of \['specbench', 'hf_assisted'\]"),
+        ({"draft": DraftConfig(kind="model")}, r"draft.kind='model' needs pair.draft.source"),
+    ],
+)
+def test_bad_job_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Config(**kwargs)
+
+
+def test_bad_draft_kind_and_dtype():
+    with pytest.raises(ValueError, match=r"draft.kind='eagle': must be one of \['model', 'w8a16', 'ngram'\]"):
+        DraftConfig(kind="eagle")
+    with pytest.raises(ValueError, match=r"pair.dtype='int4'"):
+        PairConfig(dtype="int4")
+    with pytest.raises(ValueError, match=r"workload.path=None"):
+        WorkloadConfig(kind="jsonl")
+
+
+def test_missing_gguf_path(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"model.gguf_file=.*nope.gguf.*no such GGUF file"):
+        convert_gguf(tmp_path / "nope.gguf", tmp_path)
+
+
+def test_corrupt_gguf(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(ModelLoadError, match=r"bad.gguf.* is not a readable GGUF file"):
+        load_model(str(bad), cache_dir=tmp_path)
+
+
+def test_unknown_model_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match=r"model.source='no-such-org/no-such-model': not 'embedded'"):
+        load_model("no-such-org/no-such-model", cache_dir=tmp_path)
+
+
+class _Tok:
+    """The two tokenizer attributes the check reads (a real tokenizer is tested below)."""
+
+    def __init__(self, vocab, eos):
+        self._vocab, self.eos_token_id = vocab, eos
+
+    def get_vocab(self):
+        return dict(self._vocab)
+
+
+def test_mismatched_tokenizers():
+    with pytest.raises(TokenizerMismatchError, match=r"vocab sizes 3 vs 3.*must share the target's tokenizer"):
+        check_same_tokenizer(_Tok({"a": 0, "b": 1, "c": 2}, 2), _Tok({"a": 0, "b": 2, "c": 1}, 2))
+    with pytest.raises(TokenizerMismatchError, match=r"eos_token_id=1 but target eos_token_id=2"):
+        check_same_tokenizer(_Tok({"a": 0}, 2), _Tok({"a": 0}, 1))
+
+
+# ------------------------------------------------------------------ the embedded pair
+
+
+@pytest.fixture(scope="module")
+def embedded_fp32():
+    model, tokenizer = load_model("embedded", dtype="float32")
+    return model, tokenizer
+
+
+@needs_embedded
+@pytest.mark.embedded
+def test_embedded_tokenizer_matches_itself_and_not_a_foreign_one(embedded_fp32):
+    _, tok = embedded_fp32
+    check_same_tokenizer(tok, tok)
+    with pytest.raises(TokenizerMismatchError):
+        check_same_tokenizer(tok, _Tok({"hello": 0}, tok.eos_token_id))
+
+
+@needs_embedded
+@pytest.mark.embedded
+@pytest.mark.parametrize("draft", ["w8a16", "ngram"])
+def test_embedded_greedy_equals_generate_fp32(draft, embedded_fp32):
+    import specbench
+
+    model, tok = embedded_fp32
+    questions = [
+        "Name three primary colours.",
+        "Summarise: the cat sat on the mat because the mat was warm and the cat was cold.",
+        "Write a Python function that returns the square of a number.",
+        "Translate to French: good morning, my friend.",
+    ]
+    n = 24
+    for batch in (questions[:1], questions):
+        out = specbench.decode(batch, draft=draft, dtype="float32", max_new_tokens=n, gamma=4)
+        for row, q in enumerate(batch):
+            text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            ref = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)[0, ids.shape[1]:]
+            assert out.tokens[row] == ref.tolist(), f"B={len(batch)} row {row}"
+        if draft == "w8a16":
+            assert out.rounds["accepted"].mean() > 1.0  # the int8 copy agrees often with its target

@@ -1,0 +1,291 @@
+"""Run store: atomic writes, done/failed/incomplete jobs, job ids, sweep loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from specbench import runstore as rs
+
+def _files(d: Path) -> set[str]:
+    return {p.name for p in d.iterdir() if p.is_file()}
+
+
+def _tmp_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(rs.TMP_PREFIX))
+
+
+# ------------------------------------------------------------------ writing
+
+
+def test_write_table_roundtrip_and_no_temp_left(tmp_path: Path) -> None:
+    df = pd.DataFrame({"round": [0, 1, 2], "t_round": [0.1, 0.2, 0.3], "extra": ["bonus", "recovered", "step"]})
+    path = rs.write_table(tmp_path / "job", "rounds", df)
+    assert path == tmp_path / "job" / "rounds.parquet"
+    pd.testing.assert_frame_equal(pd.read_parquet(path), df)
+    assert _files(tmp_path / "job") == {"rounds.parquet"}
+    # overwrite replaces whole
+    rs.write_table(tmp_path / "job", "rounds.parquet", df.iloc[:1])
+    assert len(pd.read_parquet(path)) == 1
+
+
+def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path) -> None:
+    good = pd.DataFrame({"a": [1, 2]})
+    rs.write_table(tmp_path, "t", good)
+    bad = pd.DataFrame({"a": [1, object()]})  # pyarrow cannot convert an arbitrary object
+    with pytest.raises(Exception):
+        rs.write_table(tmp_path, "t", bad)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), good)
+    assert _tmp_files(tmp_path) == []
+    with pytest.raises(TypeError):
+        rs.write_table(tmp_path, "t", [1, 2])  # type: ignore[arg-type]
+
+
+def test_write_json_and_text(tmp_path: Path) -> None:
+    p = rs.write_json(tmp_path, "env", {"x": np.int64(3), "p": Path("/a"), "arr": np.arange(2), "d": torch.float32})
+    assert p.name == "env.json"
+    assert json.loads(p.read_text()) == {"x": 3, "p": "/a", "arr": [0, 1], "d": "torch.float32"}
+    t = rs.write_text(tmp_path, "config.yaml", "gamma: 4\n")
+    assert t.read_text() == "gamma: 4\n"
+    for bad in ("done", "failure.json"):
+        with pytest.raises(ValueError, match="reserved"):
+            rs.write_json(tmp_path, bad, {})
+    for bad in ("", "../x", "a/b", ".hidden"):
+        with pytest.raises(ValueError):
+            rs.write_text(tmp_path, bad, "")
+    assert _tmp_files(tmp_path) == []
+
+
+# ------------------------------------------------------------------ job lifecycle
+
+
+def test_prepare_job_dir_lifecycle(tmp_path: Path) -> None:
+    job = tmp_path / "sweep" / "gamma=4"
+    assert rs.prepare_job_dir(job) is True and job.is_dir()
+    rs.write_table(job, "rounds", pd.DataFrame({"a": [1]}))
+    rs.write_text(job, "main.log", "hydra log\n")
+    (job / ".hydra").mkdir()
+    (job / ".hydra" / "config.yaml").write_text("x: 1\n")
+    (job / f"{rs.TMP_PREFIX}rounds.parquet.abc").write_bytes(b"PAR1 partial")
+    assert not rs.is_done(job)
+
+    # interrupted attempt: re-running wipes stale tables and temp files, keeps logs and dirs
+    assert rs.prepare_job_dir(job) is True
+    assert _files(job) == {"main.log"}
+    assert (job / ".hydra" / "config.yaml").is_file()
+
+    rs.write_table(job, "rounds", pd.DataFrame({"a": [1]}))
+    done = rs.mark_done(job, {"params": {"gamma": 4}})
+    assert rs.is_done(job)
+    meta = json.loads(done.read_text())
+    assert meta["params"] == {"gamma": 4} and "finished_at" in meta
+
+    # done: skipped, untouched
+    assert rs.prepare_job_dir(job) is False
+    assert {"rounds.parquet", "done.json"} <= _files(job)
+    # forced: cleaned and not done any more
+    assert rs.prepare_job_dir(job, force=True) is True
+    assert not rs.is_done(job) and _files(job) == {"main.log"}
+
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(NotADirectoryError):
+        rs.prepare_job_dir(f)
+
+
+def test_failure_is_not_done_and_is_retried(tmp_path: Path) -> None:
+    job = tmp_path / "s" / "j"
+    rs.prepare_job_dir(job)
+    try:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    except RuntimeError as e:
+        path = rs.write_failure(job, e, extra={"batch_size": 64})
+    rec = json.loads(path.read_text())
+    assert rec["kind"] == "oom" and rec["type"] == "builtins.RuntimeError"
+    assert "Tried to allocate" in rec["message"] and "Traceback" in rec["traceback"]
+    assert rec["batch_size"] == 64 and rec["time"]
+    assert not rs.is_done(job)
+
+    fails = rs.load_failures(tmp_path / "s")
+    assert list(fails["job"]) == ["j"] and list(fails["kind"]) == ["oom"]
+
+    assert rs.prepare_job_dir(job) is True  # retried, old failure cleared
+    assert _files(job) == set()
+    try:
+        raise ValueError("bad config")
+    except ValueError as e:
+        rec = json.loads(rs.write_failure(job, e, kind="error").read_text())
+    assert rec["kind"] == "error"
+    rs.mark_done(job, {})  # success after a failure: failure.json goes away
+    assert _files(job) == {"done.json"}
+    assert rs.load_failures(tmp_path / "s").empty
+
+
+# ------------------------------------------------------------------ oom
+
+
+def test_is_oom_real_cpu_allocation_failure() -> None:
+    with pytest.raises(RuntimeError) as info:
+        torch.empty(2**62, dtype=torch.uint8)  # impossible: the allocator refuses at once
+    assert rs.is_oom(info.value)
+
+
+def test_is_oom_classification() -> None:
+    assert rs.is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert rs.is_oom(MemoryError())
+    assert rs.is_oom(RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"))
+    assert rs.is_oom(OSError(12, "Cannot allocate memory"))
+    assert not rs.is_oom(RuntimeError("shape mismatch"))
+    assert not rs.is_oom(ValueError("out of memory"))  # wrong type: a config message, not an OOM
+    try:
+        try:
+            raise MemoryError()
+        except MemoryError as inner:
+            raise RuntimeError("batch failed") from inner
+    except RuntimeError as outer:
+        assert rs.is_oom(outer)
+
+
+# ------------------------------------------------------------------ job ids
+
+
+def test_job_id_stable_readable_safe() -> None:
+    assert rs.job_id({"gamma": 4, "batch_size": 2}) == "batch_size=2,gamma=4"
+    assert rs.job_id({"batch_size": 2, "gamma": 4}) == rs.job_id({"gamma": 4, "batch_size": 2})
+    assert rs.job_id({"temperature": 0.7, "greedy": True, "top_k": None}) == "greedy=true,temperature=0.7,top_k=null"
+    assert rs.job_id({"draft": {"kind": "ngram", "n": 3}}) == "draft.kind=ngram,draft.n=3"
+    assert rs.job_id({}) == "default"
+    # unsafe characters are replaced and a hash keeps ids distinct
+    a, b = rs.job_id({"target": "org/model"}), rs.job_id({"target": "org_model"})
+    assert a != b and "/" not in a and a.startswith("target=org_model-")
+    long = rs.job_id({f"param_{i}": i for i in range(50)})
+    assert len(long) <= 100 and long == rs.job_id({f"param_{i}": i for i in range(50)})
+    assert long != rs.job_id({f"param_{i}": i + 1 for i in range(50)})
+    import re
+
+    for params in ({"x": "a b*?"}, {".hidden": 1}, {"l": [1, 2]}):
+        jid = rs.job_id(params)
+        assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._,=+-]*", jid), jid
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _job(root: Path, rel: str, n: int, done: bool = True) -> None:
+    job = root / rel
+    rs.prepare_job_dir(job)
+    rs.write_table(job, "rounds", pd.DataFrame({"round": range(n), "t_round": [0.1] * n}))
+    if done:
+        rs.mark_done(job, {"params": {"rel": rel}})
+
+
+def test_load_sweep_any_depth_done_only(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    _job(sweep, "gamma=2", 3)
+    _job(sweep, "draft=ngram/gamma=4", 2)
+    _job(sweep, "draft=ngram/gamma=8", 5, done=False)  # interrupted
+    failed = sweep / "gamma=16"
+    rs.prepare_job_dir(failed)
+    rs.write_failure(failed, MemoryError(), kind="oom")
+
+    df = rs.load_sweep(sweep)
+    assert list(df.columns) == ["job", "round", "t_round"]
+    assert sorted(df["job"].unique()) == ["draft=ngram/gamma=4", "gamma=2"]
+    assert len(df) == 5
+    assert list(rs.load_failures(sweep)["job"]) == ["gamma=16"]
+    assert sorted(rs.load_meta(sweep)["params.rel"]) == ["draft=ngram/gamma=4", "gamma=2"]
+
+    # re-running the interrupted job never duplicates rows
+    _job(sweep, "draft=ngram/gamma=8", 5)
+    assert rs.prepare_job_dir(sweep / "draft=ngram/gamma=8") is False  # done now: skipped
+    df = rs.load_sweep(sweep)
+    assert (df["job"] == "draft=ngram/gamma=8").sum() == 5
+
+
+def test_load_sweep_errors(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "other").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="other"):
+        rs.load_sweep(tmp_path / "runs" / "missing")
+    sweep = tmp_path / "runs" / "s"
+    _job(sweep, "a", 2, done=False)
+    rs.prepare_job_dir(sweep / "b")
+    rs.write_failure(sweep / "b", RuntimeError("boom"))
+    with pytest.raises(ValueError, match=r"no finished jobs.*1 failed.*1 incomplete"):
+        rs.load_sweep(sweep)
+    _job(sweep, "c", 2)
+    with pytest.raises(ValueError, match="requests.parquet.*rounds.parquet"):
+        rs.load_sweep(sweep, table="requests")
+    assert rs.load_failures(tmp_path / "runs" / "other").empty
+
+
+# ------------------------------------------------------------------ kill -9
+
+_WRITER = textwrap.dedent(
+    """
+    import importlib.util, sys, numpy as np, pandas as pd
+    # load runstore.py by path: the package __init__ imports torch/transformers (slow)
+    spec = importlib.util.spec_from_file_location("runstore", sys.argv[3])
+    runstore = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runstore)
+    write_table = runstore.write_table
+    job, n = sys.argv[1], int(sys.argv[2])
+    x = np.random.default_rng(0).random(n)
+    i = 0
+    while True:
+        write_table(job, "rounds", pd.DataFrame({"i": np.full(n, i), "x": x}))
+        write_table(job, f"t{i % 3}", pd.DataFrame({"i": np.full(n, i), "x": x}))
+        i += 1
+    """
+)
+
+
+def test_sigkill_mid_write_leaves_no_partial_table(tmp_path: Path) -> None:
+    n = 1_000_000
+    expected_x = np.random.default_rng(0).random(n)
+    job = tmp_path / "job"
+    caught_tmp = False
+    for _attempt in range(3):
+        rs.prepare_job_dir(job)
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(job), str(n), rs.__file__])
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                assert proc.poll() is None, "writer exited early"
+                if (job / "rounds.parquet").exists() and _tmp_files(job) and len(list(job.glob("t*.parquet"))) >= 1:
+                    break
+                time.sleep(0.002)
+            else:
+                pytest.fail("writer never got going")
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+
+        tables = sorted(job.glob("*.parquet"))
+        assert tables, "at least one table was complete before the kill"
+        for t in tables:  # every visible table is complete and self-consistent
+            tab = pq.read_table(t).to_pandas()
+            assert len(tab) == n, t
+            assert tab["i"].nunique() == 1
+            np.testing.assert_array_equal(tab["x"].to_numpy(), expected_x)
+        if _tmp_files(job):
+            caught_tmp = True
+            assert not rs.is_done(job)
+            assert rs.prepare_job_dir(job) is True
+            assert _files(job) == set()  # temp files and stale tables all gone
+            break
+    assert caught_tmp, "the kill never landed during a write (3 tries)"
