@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.sampling import sample
+
 
 @dataclass
 class Acceptance:
@@ -61,5 +63,5 @@ def rejection_sample(
     index = accepted.view(batch, 1, 1).expand(batch, 1, p.shape[-1])
     p_at = p.gather(1, index).squeeze(1)  # [B, V]
     q_at = q_padded.gather(1, index).squeeze(1)  # [B, V]
-    extra = torch.multinomial(residual(p_at, q_at), 1, generator=generator).squeeze(-1)  # [B]
+    extra = sample(residual(p_at, q_at), generator)  # [B] (no host sync on CUDA, see `sample`)
     return Acceptance(accepted=accepted, extra_token=extra, is_bonus=accepted == gamma)

@@ -9,6 +9,7 @@ writes the sweep's report.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,17 @@ def to_config(cfg: DictConfig) -> Config:
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    config = to_config(cfg)
+    try:
+        config = to_config(cfg)
+    except ValueError as exc:  # a bad value: say which, and what is allowed; no traceback
+        print(f"specbench: invalid config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     job_dir = Path(HydraConfig.get().runtime.output_dir)
+    if config.tune.enabled:  # +tune=gamma: an Optuna study instead of one job
+        from specbench.tune import run_tune
+
+        run_tune(config, job_dir)
+        return
     from specbench.job import run_job  # heavy imports after validation
 
     try:

@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from specbench.tune import TuneConfig
+
 DRAFT_KINDS = ("model", "w8a16", "ngram")
 DECODERS = ("specbench", "hf_assisted")
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
@@ -133,6 +135,7 @@ class Config:
     runs_dir: str = "runs"
     force: bool = False  # re-run jobs whose results exist
     report: bool = True  # write the sweep report at the end of a multirun
+    tune: TuneConfig = field(default_factory=TuneConfig)  # +tune=gamma: choose γ with Optuna (specbench.tune)
 
     def __post_init__(self) -> None:
         _choice("decoder", self.decoder, DECODERS)
@@ -149,14 +152,12 @@ class Config:
                 f"Pick draft=w8a16 or draft=ngram, or a pair with a draft model"
             )
         if self.decoder == "hf_assisted" and self.draft.kind == "ngram":
-            pass  # transformers' prompt_lookup_num_tokens covers it
+            raise ValueError("draft.kind='ngram' with decoder='hf_assisted': transformers' assisted generation "
+                             "needs a draft model; use draft=w8a16 or draft=model")
+        self.tune.check(self)
 
 
 def register_configs() -> None:
-    """Register the schemas so conf/ YAML is type-checked against them."""
-    cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
-    cs.store(group="pair", name="pair_schema", node=PairConfig)
-    cs.store(group="draft", name="draft_schema", node=DraftConfig)
-    cs.store(group="workload", name="workload_schema", node=WorkloadConfig)
-    cs.store(group="sampling", name="sampling_schema", node=SamplingSpec)
+    """Register the schema so conf/ YAML is type-checked against it."""
+    # Group YAML merges into the typed nodes of `Config`, so one schema types them all.
+    ConfigStore.instance().store(name="config_schema", node=Config)

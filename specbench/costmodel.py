@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
 from specbench.records import AUTOREGRESSIVE, AUTOREGRESSIVE_STEP, BONUS, RECOVERED, SPECULATIVE
 
@@ -48,7 +48,7 @@ SETTING_KEYS = ("target", "draft", "decoder", "workload", "sampling", "hardware"
 # Keys that do not select the AR baseline rows of a setting.
 _AR_IGNORE = ("draft", "draft_kind", "decoder", "gamma", "gamma_setting")
 
-_ROUND_ID = ("job", "decoder", "repeat", "round", "gamma", "t_draft", "t_verify", "t_overhead", "t_round")
+_ROUND_ID = ("job", "decoder", "repeat", "batch", "round", "gamma", "t_draft", "t_verify", "t_overhead", "t_round")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -118,12 +118,19 @@ def ar_rows(rounds: pd.DataFrame) -> pd.DataFrame:
 def add_gamma_setting(rounds: pd.DataFrame, requests: pd.DataFrame | None = None):
     """Add each job's γ setting: `gamma_setting` on round rows, `gamma` on request rows.
 
-    A job's setting is the largest `gamma` among its speculative rows (a decoder may
-    draft fewer near max_new_tokens). The AR rows of the job get the same value. A
-    `gamma` column already present on requests is kept. Returns (rounds, requests) copies
+    A job's setting is its `gamma_config` column where present (the runner's job key),
+    else the largest `gamma` among its speculative rows (a decoder may draft fewer near
+    max_new_tokens). The AR rows and requests of the job get the same value (the raw
+    per-request `gamma`, 0 for AR, is replaced by the setting). Without either, a
+    `gamma` column already on requests is kept. Returns (rounds, requests) copies
     (requests is None if not given).
     """
     rounds = rounds.copy()
+    if "gamma_config" in rounds.columns and "gamma_setting" not in rounds.columns:
+        rounds["gamma_setting"] = rounds["gamma_config"]
+    if requests is not None and "gamma_config" in requests.columns:
+        requests = requests.copy()
+        requests["gamma"] = requests["gamma_config"]
     sp = spec_rows(rounds)
     if "job" in rounds.columns:
         by_job = sp.groupby("job")["gamma"].max()
@@ -146,7 +153,7 @@ def add_gamma_setting(rounds: pd.DataFrame, requests: pd.DataFrame | None = None
 def round_level(rounds: pd.DataFrame) -> pd.DataFrame:
     """One row per decoding round: times are shared by all batch rows of a round.
 
-    A round is identified by (job, decoder, repeat, round, gamma) and its four times;
+    A round is identified by (job, decoder, repeat, batch, round, gamma) and its times;
     `context_len` becomes the mean over its rows, `n_active` the max, `accepted` and
     `committed` the sums, `rows` the number of batch rows.
     """
@@ -496,8 +503,9 @@ def fit_monotone_curve(k, t) -> tuple[list[int], list[float]]:
 
 def eval_monotone_curve(ks: Sequence[int], ts: Sequence[float], k):
     """Evaluate a monotone curve: linear interpolation inside, flat below the smallest k,
-    linear extrapolation beyond the largest k with the slope of the last segment
-    (flat if only one point). Returns a float for scalar k."""
+    linear extrapolation beyond the largest k, anchored at the last point, with the
+    least-squares slope of the last (up to) 4 points (clipped at 0; flat if only one
+    point). Returns a float for scalar k."""
     kk = np.asarray(k, float)
     if len(ks) == 0:
         out = np.full(kk.shape, math.nan)
@@ -506,36 +514,58 @@ def eval_monotone_curve(ks: Sequence[int], ts: Sequence[float], k):
     else:
         xs, ys = np.asarray(ks, float), np.asarray(ts, float)
         out = np.interp(kk, xs, ys)
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        tail = slice(-min(4, len(xs)), None)
+        slope = max(0.0, float(np.polyfit(xs[tail], ys[tail], 1)[0]))
         hi = kk > xs[-1]
         out = np.where(hi, ys[-1] + slope * (kk - xs[-1]), out)
     return float(out) if np.ndim(out) == 0 else out
 
 
-def _linear_fit(x, y, single: str = "origin") -> tuple[float, float]:
-    """(intercept, slope) of y on x. With one distinct x: through the origin
-    (single='origin': slope = median(y)/x) or a constant (single='constant')."""
+def _linear_fit(x, y, single: str = "origin", w=None) -> tuple[float, float]:
+    """(intercept, slope) of y on x by (weighted) least squares. With one distinct x:
+    through the origin (single='origin': slope = median(y)/x) or a constant
+    (single='constant')."""
     x = np.asarray(x, float)
     y = np.asarray(y, float)
     if len(x) == 0:
         return (math.nan, math.nan)
     if len(np.unique(x)) >= 2:
-        r = stats.linregress(x, y)
-        return (float(r.intercept), float(r.slope))
+        if w is None:
+            r = stats.linregress(x, y)
+            return (float(r.intercept), float(r.slope))
+        sw = np.sqrt(np.asarray(w, float))
+        coef = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]) * sw[:, None], y * sw, rcond=None)[0]
+        return (float(coef[0]), float(coef[1]))
     if single == "origin" and x[0] != 0:
         return (0.0, float(np.median(y) / x[0]))
     return (float(np.median(y)), 0.0)
 
 
+def _robust_lstsq(X, y) -> np.ndarray:
+    """Linear least squares with a soft-L1 loss (scale: 1.4826·MAD of the OLS residuals),
+    so that a few stalled rounds do not drive the fit; plain OLS if residuals are exact."""
+    X = np.asarray(X, float)
+    y = np.asarray(y, float)
+    beta0 = np.linalg.lstsq(X, y, rcond=None)[0]
+    res = y - X @ beta0
+    scale = 1.4826 * float(np.median(np.abs(res - np.median(res))))
+    if not np.isfinite(scale) or scale <= 1e-15:
+        return beta0
+    fit = optimize.least_squares(lambda b: X @ b - y, beta0, loss="soft_l1", f_scale=scale)
+    return fit.x
+
+
 def _within_slope(group, x, y) -> float:
-    """Slope of y on x within groups (fixed effects): Σ dx·dy / Σ dx², 0 if no variation."""
+    """Slope of y on x within groups (fixed effects: x and y centred per group), robust
+    fit; 0 if x does not vary within groups."""
     df = pd.DataFrame({"g": np.asarray(group), "x": np.asarray(x, float), "y": np.asarray(y, float)}).dropna()
     if df.empty:
         return 0.0
-    dx = df["x"] - df.groupby("g")["x"].transform("mean")
-    dy = df["y"] - df.groupby("g")["y"].transform("mean")
-    sxx = float((dx * dx).sum())
-    return float((dx * dy).sum() / sxx) if sxx > 1e-12 else 0.0
+    dx = (df["x"] - df.groupby("g")["x"].transform("mean")).to_numpy()
+    dy = (df["y"] - df.groupby("g")["y"].transform("mean")).to_numpy()
+    if float((dx * dx).sum()) <= 1e-12:
+        return 0.0
+    return float(_robust_lstsq(dx[:, None], dy)[0])
 
 
 @dataclass
@@ -644,9 +674,15 @@ class TimingProfile:
         rs = _full_batch(round_level(sp)) if len(sp) else round_level(sp)
         ra = _full_batch(round_level(ar)) if len(ar) else round_level(ar)
 
-        cd_i, cd_s = _linear_fit(rs["gamma"], rs["t_draft"], "origin")
-        co_med = rs.groupby("gamma")["t_overhead"].median() if len(rs) else pd.Series(dtype=float)
-        co_i, co_s = _linear_fit(rs["gamma"], rs["t_overhead"], "constant")
+        # Lines through the per-γ medians (weighted by rounds): robust to stalls (GC,
+        # contention) that would drag a least-squares fit on raw rounds.
+        cd_med = rs.groupby("gamma")["t_draft"].agg(["median", "size"]) if len(rs) else None
+        cd_i, cd_s = _linear_fit(cd_med.index, cd_med["median"], "origin", cd_med["size"]) if len(rs) \
+            else (math.nan, math.nan)
+        co_agg = rs.groupby("gamma")["t_overhead"].agg(["median", "size"]) if len(rs) else None
+        co_med = co_agg["median"] if len(rs) else pd.Series(dtype=float)
+        co_i, co_s = _linear_fit(co_agg.index, co_agg["median"], "constant", co_agg["size"]) if len(rs) \
+            else (math.nan, math.nan)
         arr = ar[ar["committed"] > 0] if len(ar) else ar
         if len(arr) and "batch_size" in arr.columns:
             full = arr[arr["n_active"] >= arr["batch_size"]]
@@ -736,10 +772,12 @@ def _fit_context_terms(rs, ra, pts, cd_simple, ct1) -> ContextTerms:
         g = rs["gamma"].to_numpy(float)
         X = np.column_stack([np.ones(len(rs)), g, g * rs["context_len"].to_numpy(float)])
         if np.linalg.matrix_rank(X) == 3:
-            a, b, c = (float(v) for v in np.linalg.lstsq(X, rs["t_draft"].to_numpy(float), rcond=None)[0])
+            a, b, c = (float(v) for v in _robust_lstsq(X, rs["t_draft"].to_numpy(float)))
     # C_t1(L): AR time per round (one token per row) vs context
-    if len(ra) >= 2:
-        i1, s1 = _linear_fit(ra["context_len"], ra["t_round"] / (ra["committed"] / ra["rows"]), "constant")
+    if len(ra) >= 2 and ra["context_len"].nunique() >= 2:
+        L1 = ra["context_len"].to_numpy(float)
+        t1 = (ra["t_round"] / (ra["committed"] / ra["rows"])).to_numpy(float)
+        i1, s1 = _robust_lstsq(np.column_stack([np.ones_like(L1), L1]), t1)
     else:
         i1, s1 = ct1, 0.0
     return ContextTerms(ct_slope=float(beta), ct_k=ks, ct_t=ts, cd_intercept=a, cd_per_token=b,
@@ -1071,7 +1109,7 @@ def summary_table(
     speedup_hi (median of per-prompt end-to-end ratios, bootstrap CI), n_prompts].
     """
     rounds, requests = add_gamma_setting(rounds, requests)
-    default = ("target", "draft", "decoder", "workload", "sampling", "batch_size", "gamma")
+    default = ("target", "draft", "decoder", "workload", "sampling", "max_new_tokens", "batch_size", "gamma")
     keys = _keys(requests, by, default)
     meas = measured_speedup(requests, keys, basis="wall", confidence=confidence, n_resamples=n_resamples, seed=seed)
     sp = spec_rows(rounds).rename(columns={"gamma": "gamma_row", "gamma_setting": "gamma"})

@@ -2,6 +2,11 @@
 
 Both share loading, logits processing (`process_logits`) and timing (`PhaseTimer`),
 so the baseline differs from speculation only in how tokens are proposed.
+
+Host syncs: a speculative round makes exactly one (the accepted counts, extra
+tokens and drafts come back to the host in one `to_host` copy), an autoregressive
+step one (its sampled tokens); everything else the host needs it already has.
+Each round records the count it made (`RoundRecord.host_syncs`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from specbench.drafts import Draft
 from specbench.kvcache import CachedLM
 from specbench.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
 from specbench.sampling import SamplingConfig, process_logits, sample
-from specbench.timing import PhaseTimer
+from specbench.timing import PhaseTimer, host_syncs, to_device, to_host
 
 
 @dataclass
@@ -64,9 +69,8 @@ class _Batch:
         if len(keep) < len(self.active):
             self.active = [self.active[i] for i in keep]
             if self.active:
-                index = torch.tensor(keep)
                 for holder in holders:
-                    holder.select_rows(index.to(getattr(holder, "device", "cpu")))
+                    holder.select_rows(keep)
 
 
 def _start(
@@ -81,7 +85,7 @@ def _start(
     batch.active = list(range(len(prompts)))
     start = timer.mark()
     p0 = process_logits(target.prefill(batch.seqs), sampling)
-    first = sample(p0, generator).tolist()
+    (first,) = to_host(sample(p0, generator))
     first_mark = timer.mark()
     for row, tok in enumerate(first):
         batch.commit(row, [tok])
@@ -134,19 +138,18 @@ def speculative_decode(
     while batch.active:
         seqs = [batch.seqs[r] for r in batch.active]
         context = [len(s) for s in seqs]
-        m0 = timer.mark()
+        m0, syncs0 = timer.mark(), host_syncs()
         drafts, q = draft.propose(seqs, gamma, sampling, generator)  # [B, gamma], [B, gamma, V]
         m1 = timer.mark()
-        last = torch.tensor([[s[-1]] for s in seqs], device=target.device)
+        last = to_device([[s[-1]] for s in seqs], target.device)
         logits = target.feed(torch.cat([last, drafts.to(target.device)], 1))  # [B, gamma + 1, V]
         m2 = timer.mark()
         p = process_logits(logits, sampling)
         result = rule(drafts.to(p.device), q.to(p.device), p, generator)
-        accepted = result.accepted.tolist()  # the one host sync a round needs
-        extra = result.extra_token.tolist()
-        drafted = drafts.tolist()
-        target.keep_last_fed(gamma + 1, result.accepted + 1)
-        draft.commit(result.accepted.to(getattr(draft, "device", result.accepted.device)))
+        # The one host sync a round needs: accepted counts, extra tokens and drafts in one copy.
+        accepted, extra, drafted = to_host(result.accepted, result.extra_token, drafts.to(p.device))
+        target.keep_last_fed(gamma + 1, result.accepted + 1, [a + 1 for a in accepted])
+        draft.commit(result.accepted.to(getattr(draft, "device", result.accepted.device)), accepted)
         rows = list(batch.active)
         committed = [batch.commit(row, drafted[i][: accepted[i]] + [extra[i]]) for i, row in enumerate(rows)]
         if on_round is not None:
@@ -154,11 +157,11 @@ def speculative_decode(
         batch.drop_finished(target, draft)
         m3 = timer.mark()
         batch.stamp(m3)
-        pending.append((n_round, rows, accepted, committed, context, (m0, m1, m2, m3)))
+        pending.append((n_round, rows, accepted, committed, context, (m0, m1, m2, m3), host_syncs() - syncs0))
         n_round += 1
     seconds = timer.resolve()
     rounds = []
-    for n, rows, accepted, committed, context, (m0, m1, m2, m3) in pending:
+    for n, rows, accepted, committed, context, (m0, m1, m2, m3), syncs in pending:
         t_draft, t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m1], seconds[m3] - seconds[m0]
         for i, row in enumerate(rows):
             rounds.append(
@@ -167,6 +170,7 @@ def speculative_decode(
                     extra=BONUS if accepted[i] == gamma else RECOVERED,
                     committed=committed[i], n_active=len(rows), context_len=context[i],
                     t_draft=t_draft, t_verify=t_verify, t_overhead=t_round - t_draft - t_verify, t_round=t_round,
+                    host_syncs=syncs,
                 )
             )  # fmt: skip
     new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]
@@ -191,28 +195,28 @@ def autoregressive_decode(
     while batch.active:
         seqs = [batch.seqs[r] for r in batch.active]
         context = [len(s) for s in seqs]
-        m0 = timer.mark()
-        logits = target.feed(torch.tensor([[s[-1]] for s in seqs], device=target.device))[:, -1]
+        m0, syncs0 = timer.mark(), host_syncs()
+        logits = target.feed(to_device([[s[-1]] for s in seqs], target.device))[:, -1]
         m1 = timer.mark()
-        tokens = sample(process_logits(logits, sampling), generator).tolist()
+        (tokens,) = to_host(sample(process_logits(logits, sampling), generator))  # the step's one host sync
         rows = list(batch.active)
         for i, row in enumerate(rows):
             batch.commit(row, [tokens[i]])
         batch.drop_finished(target)
         m2 = timer.mark()
         batch.stamp(m2)
-        pending.append((n_round, rows, context, (m0, m1, m2)))
+        pending.append((n_round, rows, context, (m0, m1, m2), host_syncs() - syncs0))
         n_round += 1
     seconds = timer.resolve()
     rounds = []
-    for n, rows, context, (m0, m1, m2) in pending:
+    for n, rows, context, (m0, m1, m2), syncs in pending:
         t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m0]
         for i, row in enumerate(rows):
             rounds.append(
                 RoundRecord(
                     round=n, row=row, gamma=0, accepted=0, extra=AUTOREGRESSIVE_STEP, committed=1,
                     n_active=len(rows), context_len=context[i], t_draft=0.0, t_verify=t_verify,
-                    t_overhead=t_round - t_verify, t_round=t_round,
+                    t_overhead=t_round - t_verify, t_round=t_round, host_syncs=syncs,
                 )
             )  # fmt: skip
     new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from specbench.kvcache import CachedLM
 from specbench.sampling import SamplingConfig, process_logits, sample
+from specbench.timing import to_device
 
 
 class Draft(Protocol):
@@ -27,11 +28,16 @@ class Draft(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32."""
 
-    def commit(self, accepted: torch.Tensor) -> None:
-        """Roll back to the committed tokens after `accepted[b]` drafts passed in each row."""
+    def commit(self, accepted: torch.Tensor, accepted_host: list[int]) -> None:
+        """Roll back to the committed tokens after `accepted[b]` drafts passed in each row.
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows."""
+        `accepted` is on the device, `accepted_host` the same counts on the host (the
+        decoder synced them once this round): use the host list for anything that
+        decides a shape or a branch, so a draft adds no host sync of its own.
+        """
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only these batch rows (indices into the current rows, ascending)."""
 
 
 class ModelDraft:
@@ -47,7 +53,7 @@ class ModelDraft:
         # row's uncached committed suffix, so the first proposal needs no special case.
         self.lm.prefill([ids[:-1] if len(ids) > 1 else ids for ids in prompts])
         if any(len(ids) == 1 for ids in prompts):
-            self.lm.uncache_last((torch.tensor([len(ids) == 1 for ids in prompts], device=self.lm.device)).long())
+            self.lm.uncache_last([int(len(ids) == 1) for ids in prompts])
 
     def propose(self, seqs, gamma, sampling, generator):
         logits = self.lm.feed_suffix(seqs)[:, -1]
@@ -62,12 +68,13 @@ class ModelDraft:
         self._gamma = gamma
         return torch.stack(drafts, 1), torch.stack(qs, 1)
 
-    def commit(self, accepted: torch.Tensor) -> None:
+    def commit(self, accepted: torch.Tensor, accepted_host: list[int] | None = None) -> None:
         fed = self._gamma - 1  # drafts 1..gamma-1 went through the cache
         if fed:
-            self.lm.keep_last_fed(fed, accepted.clamp(max=fed))
+            keep_host = None if accepted_host is None else [min(a, fed) for a in accepted_host]
+            self.lm.keep_last_fed(fed, accepted.clamp(max=fed), keep_host)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
+    def select_rows(self, rows: list[int]) -> None:
         self.lm.select_rows(rows)
 
 
@@ -104,12 +111,12 @@ class NgramDraft:
         return [seq[-1]] * gamma  # no match: a cheap guess, still verified losslessly
 
     def propose(self, seqs, gamma, sampling, generator):
-        drafts = torch.tensor([self.lookup(s, gamma) for s in seqs], device=self.device)
-        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float()
+        drafts = to_device([self.lookup(s, gamma) for s in seqs], self.device)  # async on CUDA: no sync
+        q = torch.zeros(*drafts.shape, self.vocab_size, device=self.device).scatter_(-1, drafts[..., None], 1.0)
         return drafts, q
 
-    def commit(self, accepted: torch.Tensor) -> None:
+    def commit(self, accepted: torch.Tensor, accepted_host: list[int] | None = None) -> None:
         pass
 
-    def select_rows(self, rows: torch.Tensor) -> None:
+    def select_rows(self, rows: list[int]) -> None:
         pass

@@ -9,7 +9,9 @@ phases cannot be split (the draft, verify and overhead happen inside `generate`)
 How transformers 5.x reads the settings (checked in `generation/candidate_generator.py`):
 `num_assistant_tokens`, `num_assistant_tokens_schedule` and
 `assistant_confidence_threshold` are read from the *assistant's* `generation_config`, not
-from the `generate` kwargs, so they are set there for the call (and restored after);
+from the `generate` kwargs, so they are set there for the call (and restored after), and so
+is its `eos_token_id` (with no EOS requested, the draft would otherwise stop drafting at its
+model's default EOS);
 `assistant_confidence_threshold=0` disables the early stop on low draft confidence, and
 the "constant" schedule keeps gamma fixed. A sampling knob left out of `generate` falls
 back to the model's generation config and then to transformers' global defaults (top_k=50
@@ -37,7 +39,8 @@ _NEUTRAL = dict(
     exponential_decay_length_penalty=None, guidance_scale=None, min_p=None, typical_p=None, top_h=None,
     epsilon_cutoff=None, eta_cutoff=None, watermarking_config=None, renormalize_logits=False,
 )  # fmt: skip
-_ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+_ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+                   "eos_token_id")
 
 
 class _FirstTokenMark(BaseStreamer):
@@ -113,6 +116,9 @@ def hf_assisted_decode(
         assistant_config.num_assistant_tokens = gamma
         assistant_config.num_assistant_tokens_schedule = "constant"
         assistant_config.assistant_confidence_threshold = 0.0
+        # The assistant's own generate() fills an EOS the main call leaves unset (None) from the
+        # draft's generation_config, and would stop drafting there: give it the same EOS set.
+        assistant_config.eos_token_id = kwargs["eos_token_id"]
         torch.manual_seed(generator_seed)
         start = timer.mark()
         with torch.inference_mode():

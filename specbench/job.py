@@ -8,6 +8,7 @@ hits both decoders alike, and the first batch's one-off costs are not recorded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from specbench.envinfo import environment_record, hardware_label
 from specbench.kvcache import CachedLM
 from specbench.pair import Pair, load_pair
 from specbench.records import AUTOREGRESSIVE, HF_ASSISTED, REQUEST_COLUMNS, ROUND_COLUMNS, SPECULATIVE, to_frame
+from specbench.telemetry import SAMPLE_COLUMNS, GpuTelemetry
 from specbench.timing import PhaseTimer
 from specbench.workloads import Prompt, load_workload, render_prompt
 
@@ -39,6 +41,7 @@ class EncodedPrompt:
 def encode_workload(cfg: Config, pair: Pair) -> list[EncodedPrompt]:
     """The workload's prompts as token ids (chat template applied), or synthetic ids."""
     w = cfg.workload
+    check_shape_only_workload(cfg)
     if w.kind == "synthetic":
         g = torch.Generator().manual_seed(w.seed or 0)
         vocab = pair.target.config.vocab_size
@@ -57,6 +60,20 @@ def encode_workload(cfg: Config, pair: Pair) -> list[EncodedPrompt]:
         text = render_prompt(p, pair.tokenizer)
         encoded.append(EncodedPrompt(p.prompt_id, p.category, pair.tokenizer(text, add_special_tokens=False)["input_ids"]))
     return encoded
+
+
+def check_shape_only_workload(cfg: Config) -> None:
+    """Shape-only models have no tokenizer (and meaningless text): they need workload=synthetic.
+
+    Checked before any model loads, so a misconfigured 8B-shape job fails in milliseconds.
+    """
+    shaped = [f"pair.{name}.shape={m.shape!r}" for name, m in (("target", cfg.pair.target), ("draft", cfg.pair.draft))
+              if m.shape and (name == "target" or cfg.draft.kind == "model")]  # fmt: skip
+    if shaped and cfg.workload.kind != "synthetic":
+        raise ValueError(
+            f"workload.kind={cfg.workload.kind!r} needs a tokenizer, but pair {cfg.pair.name!r} is shape-only "
+            f"({', '.join(shaped)}: random weights, no tokenizer); use workload=synthetic with shape-only models"
+        )
 
 
 def decode_batch(cfg: Config, pair: Pair, decoder: str, ids: list[list[int]], seed: int, max_new_tokens: int) -> DecodeResult:
@@ -82,7 +99,8 @@ def job_keys(cfg: Config, pair: Pair) -> dict:
              "ngram": f"ngram({cfg.draft.min_ngram}-{cfg.draft.max_ngram})"}[cfg.draft.kind]  # fmt: skip
     return {
         "pair": cfg.pair.name, "target": target, "draft": draft, "draft_kind": cfg.draft.kind,
-        "shape_only": pair.shape_only, "workload": cfg.workload.name, "sampling": cfg.sampling.name,
+        "shape_only": pair.shape_only or bool(cfg.draft.kind == "model" and cfg.pair.draft.shape),
+        "workload": cfg.workload.name, "sampling": cfg.sampling.name,
         "temperature": float(cfg.sampling.temperature), "top_k": cfg.sampling.top_k,
         "top_p": float(cfg.sampling.top_p), "batch_size": cfg.batch_size, "gamma_config": cfg.gamma,
         "max_new_tokens": cfg.max_new_tokens, "dtype": str(pair.target.dtype).removeprefix("torch."),
@@ -107,6 +125,7 @@ def run_job(cfg: Config, job_dir: Path, resolved_yaml: str | None = None) -> boo
 def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
     runstore.write_text(job_dir, "config.yaml", resolved_yaml or OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     runstore.write_json(job_dir, "env", environment_record())
+    check_shape_only_workload(cfg)
     pair = load_pair(cfg.pair, cfg.draft)
     prompts = encode_workload(cfg, pair)
     keys = job_keys(cfg, pair)
@@ -119,13 +138,15 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
             decode_batch(cfg, pair, decoder, [p.ids for p in b], cfg.seed, min(16, cfg.max_new_tokens))
 
     rounds, requests = [], []
+    telemetry = JobTelemetry(str(pair.target.device))
     steps = [(r, i) for r in range(cfg.repeats) for i in range(len(batches))]
     for repeat, i in tqdm(steps, desc=f"{job_dir.name or 'job'}", unit="batch", leave=False):
         batch = batches[i]
         seed = cfg.seed + 1_000_003 * repeat + i
         # Alternate which decoder goes first so slow drift does not favour either.
         for decoder in decoders if (repeat + i) % 2 == 0 else decoders[::-1]:
-            result = decode_batch(cfg, pair, decoder, [p.ids for p in batch], seed, cfg.max_new_tokens)
+            result = telemetry.run(lambda: decode_batch(cfg, pair, decoder, [p.ids for p in batch], seed,
+                                                        cfg.max_new_tokens), decoder=decoder, repeat=repeat, batch=i)
             extra = {"decoder": decoder, "repeat": repeat, "batch": i, "gamma": cfg.gamma if decoder != AUTOREGRESSIVE else 0}
             rounds.append(_label(to_frame(result.rounds, ROUND_COLUMNS), batch, keys, extra))
             requests.append(_label(to_frame(result.requests, REQUEST_COLUMNS), batch, keys, extra))
@@ -133,7 +154,9 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
     rounds_df, requests_df = pd.concat(rounds, ignore_index=True), pd.concat(requests, ignore_index=True)
     runstore.write_table(job_dir, "rounds", rounds_df)
     runstore.write_table(job_dir, "requests", requests_df)
-    runstore.mark_done(job_dir, {**keys, "prompts": len(prompts), "batches": len(batches), "repeats": cfg.repeats})
+    meta = telemetry.write(job_dir)
+    runstore.mark_done(job_dir, {**keys, "prompts": len(prompts), "batches": len(batches), "repeats": cfg.repeats,
+                                 "telemetry": meta})  # fmt: skip
 
 
 def _label(df: pd.DataFrame, batch: list[EncodedPrompt], keys: dict, extra: dict) -> pd.DataFrame:
@@ -146,3 +169,100 @@ def _label(df: pd.DataFrame, batch: list[EncodedPrompt], keys: dict, extra: dict
     if "gamma" not in df:
         df["gamma"] = extra["gamma"]
     return df
+
+
+TELEMETRY_INTERVAL_S = 0.1
+
+
+class JobTelemetry:
+    """GPU telemetry of a job's measured decoding (not the warm-up), never an error.
+
+    Each measured decode call runs under its own `GpuTelemetry` (a sampling thread), so
+    the NVML energy counter gives each decoder's exact energy: `telemetry.json` holds
+    per-decoder energy, energy per generated token (whole call, prefill included),
+    power, utilisation and clocks, plus one entry per call; `telemetry.parquet` holds
+    the raw samples labelled with decoder/repeat/batch/call. `write()` returns the
+    compact entry for done.json. Without CUDA or NVML: `{"available": False, "reason"}`
+    (and an empty samples table).
+    """
+
+    def __init__(self, device: str, interval_s: float = TELEMETRY_INTERVAL_S) -> None:
+        self.device, self.interval_s = device, interval_s
+        self.calls: list[dict] = []
+        self.samples: list[pd.DataFrame] = []
+        self.reason = None if torch.device(device).type == "cuda" else f"not applicable: device {device!r} is not CUDA"
+        self._nvml = None
+        if self.reason is None:
+            try:  # hold NVML open for the job, so each call's nvmlInit is cheap
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            except Exception:
+                pass  # GpuTelemetry records why
+
+    def run(self, decode: Callable[[], DecodeResult], **labels) -> DecodeResult:
+        if self.reason is not None:
+            return decode()
+        with GpuTelemetry(self.device, self.interval_s) as tel:
+            result = decode()
+        new_tokens = sum(r.new_tokens for r in result.requests)
+        self.calls.append({**labels, "call": len(self.calls), **tel.summary(new_tokens=new_tokens)})
+        self.samples.append(tel.samples.assign(**labels, call=len(self.calls) - 1))
+        return result
+
+    def summary(self) -> dict:
+        ok = [c for c in self.calls if c.get("available")]
+        if self.reason is not None or not ok:
+            reason = self.reason or next((c["reason"] for c in self.calls), "no measured decode calls")
+            return {"available": False, "reason": reason}
+
+        def total(cs: list[dict], key: str) -> float | None:
+            values = [c.get(key) for c in cs]
+            return None if any(v is None for v in values) else float(sum(values))
+
+        def weighted(cs: list[dict], key: str) -> float | None:
+            pairs = [(c[key], c["duration_s"]) for c in cs if c.get(key) is not None and c.get("duration_s")]
+            seconds = sum(d for _, d in pairs)
+            return sum(v * d for v, d in pairs) / seconds if seconds else None
+
+        def block(cs: list[dict]) -> dict:
+            energy, tokens = total(cs, "energy_j"), int(sum(c["new_tokens"] for c in cs))
+            return {
+                "calls": len(cs), "new_tokens": tokens, "duration_s": total(cs, "duration_s"), "energy_j": energy,
+                "energy_per_token_j": energy / tokens if energy is not None and tokens else None,
+                "power_mean_w": weighted(cs, "power_mean_w"),
+                "power_max_w": max((c["power_max_w"] for c in cs if c.get("power_max_w") is not None), default=None),
+                "sm_util_mean_pct": weighted(cs, "sm_util_mean_pct"),
+                "mem_util_mean_pct": weighted(cs, "mem_util_mean_pct"),
+                "sm_clock_mean_mhz": weighted(cs, "sm_clock_mean_mhz"),
+                "mem_used_max_bytes": max((c["mem_used_max_bytes"] for c in cs
+                                           if c.get("mem_used_max_bytes") is not None), default=None),
+            }  # fmt: skip
+
+        decoders = sorted({c["decoder"] for c in ok})
+        return {
+            "available": True, "device_name": ok[0].get("device_name"), "device_index": ok[0].get("device_index"),
+            "interval_s": self.interval_s, "energy_source": sorted({str(c.get("energy_source")) for c in ok}),
+            "unavailable_calls": len(self.calls) - len(ok), **block(ok),
+            "decoders": {d: block([c for c in ok if c["decoder"] == d]) for d in decoders},
+        }  # fmt: skip
+
+    def write(self, job_dir: Path) -> dict:
+        """telemetry.json + telemetry.parquet; returns the compact entry for done.json."""
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self._nvml = None
+        summary = self.summary()
+        runstore.write_json(job_dir, "telemetry", {**summary, "calls": self.calls})
+        labels = ["decoder", "repeat", "batch", "call"]
+        samples = pd.concat(self.samples, ignore_index=True) if self.samples else pd.DataFrame(columns=SAMPLE_COLUMNS + labels)
+        runstore.write_table(job_dir, "telemetry", samples)
+        if not summary["available"]:
+            return summary
+        keep = ("available", "device_name", "energy_j", "new_tokens", "energy_per_token_j", "power_mean_w")
+        return {**{k: summary[k] for k in keep},
+                "energy_per_token_j_by_decoder": {d: b["energy_per_token_j"] for d, b in summary["decoders"].items()}}

@@ -5,12 +5,31 @@ columns carry a validity mask: a rejected draft's column becomes a hole that no
 query attends to, and positions come from each row's count of valid columns.
 Invariant (tested): a row's valid columns are exactly its committed tokens, in
 order, with the KV a fresh prefill of those tokens gives.
+
+No host syncs. Everything whose *value* decides a tensor shape or a branch (how
+many tokens a row still needs, how many tail columns to crop, when to compact)
+is read from host mirrors of the mask, kept in step with it from values the
+host already has: `n_valid_host` (committed tokens cached per row) and `runs`
+(each row's valid columns as [start, end) runs). The decoder passes the accepted
+counts it synced once per round; a method given only a tensor syncs it itself
+(counted, see `specbench.timing.to_host`). Host->device data goes through
+`to_device` (async on CUDA), and the attention mask is built here as a 4D mask
+so that transformers does not inspect the 2D mask's values on the host
+(`padding_mask.all()` in its SDPA mask path syncs on every 1-token forward).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from specbench.timing import to_device, to_host
+
+# Attention implementations whose 4D mask we build ourselves (bool: True = attend;
+# eager: additive 0 / dtype-min). Any other gets the 2D mask and builds its own.
+_OWN_MASK = ("sdpa", "eager")
 
 
 class CachedLM:
@@ -20,6 +39,8 @@ class CachedLM:
         self.cache = DynamicCache()
         self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, L] valid columns
         self.n_valid = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed tokens cached
+        self.n_valid_host: list[int] = []  # host mirror of n_valid
+        self.runs: list[list[list[int]]] = []  # host mirror of mask: per row, ascending [start, end) valid runs
 
     @property
     def vocab_size(self) -> int:
@@ -35,7 +56,7 @@ class CachedLM:
         per_row, last_logits = [], []
         for ids in prompts:
             cache = DynamicCache()
-            x = torch.tensor([ids], device=self.device)
+            x = to_device([ids], self.device)
             out = self.model(input_ids=x, cache=cache, use_cache=True)
             per_row.append(cache)
             last_logits.append(out.logits[0, -1])
@@ -49,25 +70,48 @@ class CachedLM:
                 keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
                 values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
             self.cache.update(torch.cat(keys), torch.cat(values), layer)
-        lengths = torch.tensor([len(ids) for ids in prompts], device=self.device)
-        self.mask = torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]
-        self.n_valid = lengths
+        lengths = [len(ids) for ids in prompts]
+        self.n_valid = to_device(lengths, self.device)
+        self.mask = torch.arange(width, device=self.device)[None, :] >= (width - self.n_valid)[:, None]
+        self.n_valid_host = list(lengths)
+        self.runs = [[[width - n, width]] for n in lengths]
         return torch.stack(last_logits)
+
+    def _attention_mask(self, k: int) -> torch.Tensor:
+        """The mask for a forward of k new (valid) columns at the end of `self.mask`."""
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        if impl not in _OWN_MASK:
+            return self.mask.long()
+        length = self.mask.shape[1]
+        columns = torch.arange(length, device=self.device)
+        causal = columns[None, :] <= columns[length - k :, None]  # [k, L]: query i sits at column L - k + i
+        allowed = self.mask[:, None, None, :] & causal[None, None]  # [B, 1, k, L]
+        if impl == "sdpa":
+            return allowed
+        dtype = self.model.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append tokens [B, k] (all valid) and return their logits [B, k, V]."""
         k = tokens.shape[1]
+        start = self.mask.shape[1]
         self.mask = torch.cat([self.mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)
         positions = self.n_valid[:, None] + torch.arange(k, device=self.device)[None, :]
         out = self.model(
             input_ids=tokens,
-            attention_mask=self.mask.long(),
+            attention_mask=self._attention_mask(k),
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
         )
         self.n_valid = self.n_valid + k
+        for row, runs in enumerate(self.runs):
+            if runs and runs[-1][1] == start:
+                runs[-1][1] = start + k
+            else:
+                runs.append([start, start + k])
+            self.n_valid_host[row] += k
         return out.logits
 
     def feed_suffix(self, seqs: list[list[int]]) -> torch.Tensor:
@@ -77,60 +121,120 @@ class CachedLM:
         gets its last cached tokens un-cached and fed again, so every fed token is
         valid and the returned last position is each row's newest token.
         """
-        need = [len(s) - n for s, n in zip(seqs, self.n_valid.tolist())]
+        need = [len(s) - n for s, n in zip(seqs, self.n_valid_host)]
         width = max(need)
-        self.uncache_last(torch.tensor([width - n for n in need], device=self.device))
-        return self.feed(torch.tensor([s[-width:] for s in seqs], device=self.device))
+        self.uncache_last([width - n for n in need])
+        return self.feed(to_device([s[-width:] for s in seqs], self.device))
 
-    def uncache_last(self, counts: torch.Tensor) -> None:
+    def uncache_last(self, counts: Sequence[int] | torch.Tensor) -> None:
         """Turn each row's last `counts[b]` valid columns into holes."""
-        if not bool((counts > 0).any()):
+        if isinstance(counts, torch.Tensor):
+            (counts,) = to_host(counts)
+        counts = [int(c) for c in counts]
+        if not any(c > 0 for c in counts):
             return
+        for row, c in enumerate(counts):
+            if not 0 <= c <= self.n_valid_host[row]:
+                raise ValueError(f"uncache_last: row {row} has {self.n_valid_host[row]} cached tokens, asked to drop {c}")
+        counts_t = to_device(counts, self.device)
         rank_from_end = self.mask.flip(1).long().cumsum(1).flip(1)  # 1 = last valid column
-        self.mask = self.mask & ~(self.mask & (rank_from_end <= counts[:, None]))
-        self.n_valid = self.n_valid - counts
+        self.mask = self.mask & ~(self.mask & (rank_from_end <= counts_t[:, None]))
+        self.n_valid = self.n_valid - counts_t
+        for row, c in enumerate(counts):
+            runs = self.runs[row]
+            while c:
+                start, end = runs[-1]
+                drop = min(c, end - start)
+                if drop == end - start:
+                    runs.pop()
+                else:
+                    runs[-1][1] = end - drop
+                c -= drop
+            self.n_valid_host[row] -= counts[row]
         self._trim()
 
-    def keep_last_fed(self, fed: int, keep: torch.Tensor) -> None:
-        """Of the last `fed` columns, keep the first `keep[b]` of each row; the rest become holes."""
+    def keep_last_fed(self, fed: int, keep: torch.Tensor | Sequence[int], keep_host: Sequence[int] | None = None) -> None:
+        """Of the last `fed` columns, keep the first `keep[b]` of each row; the rest become holes.
+
+        `keep` may be a device tensor, a host list, or both (`keep_host`, what the
+        decoder passes: no sync). A tensor without `keep_host` is synced (counted).
+        """
+        if keep_host is None:
+            if isinstance(keep, torch.Tensor):
+                (keep_host,) = to_host(keep)
+            else:
+                keep_host = list(keep)
+        keep_host = [int(k) for k in keep_host]
+        if not isinstance(keep, torch.Tensor):
+            keep = to_device(keep_host, self.device)
         length = self.mask.shape[1]
         column = torch.arange(length, device=self.device)[None, :]
         rejected = (column >= length - fed + keep[:, None]) & (column >= length - fed)
         self.mask = self.mask & ~rejected
         self.n_valid = self.n_valid - (fed - keep)
+        for row, k in enumerate(keep_host):
+            cut = length - fed + max(k, 0)
+            runs = self.runs[row]
+            while runs and runs[-1][0] >= cut:
+                runs.pop()
+            if runs and runs[-1][1] > cut:
+                runs[-1][1] = cut
+            self.n_valid_host[row] -= fed - k
         self._trim()
 
-    def select_rows(self, rows: torch.Tensor) -> None:
+    def select_rows(self, rows: torch.Tensor | Sequence[int]) -> None:
         """Keep only these batch rows (finished rows stop costing work)."""
-        self.cache.batch_select_indices(rows)
-        self.mask = self.mask[rows]
-        self.n_valid = self.n_valid[rows]
+        if isinstance(rows, torch.Tensor):
+            (rows,) = to_host(rows)
+        rows = [int(r) for r in rows]
+        index = to_device(rows, self.device)
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        self.n_valid = self.n_valid[index]
+        self.n_valid_host = [self.n_valid_host[r] for r in rows]
+        self.runs = [[list(run) for run in self.runs[r]] for r in rows]
         self._trim()
 
     def _trim(self) -> None:
-        """Drop columns no row uses; compact when holes outnumber tokens."""
-        valid_cols = self.mask.any(0)
+        """Drop columns no row uses; compact when holes outnumber tokens (all decided on the host)."""
         length = self.mask.shape[1]
         if length == 0:
             return
-        tail = int(length - (valid_cols.nonzero().max().item() + 1 if valid_cols.any() else 0))
+        used = max((runs[-1][1] for runs in self.runs if runs), default=0)
+        tail = length - used
         if tail:
             self.cache.crop(-tail)
-            self.mask = self.mask[:, : length - tail]
-        if self.mask.shape[1] > 2 * int(self.n_valid.max().item()) + 16:
+            self.mask = self.mask[:, :used]
+        if self.mask.shape[1] > 2 * max(self.n_valid_host, default=0) + 16:
             self._compact()
 
     def _compact(self) -> None:
         """Right-align every row's valid columns, dropping holes (a gather per layer)."""
-        width = int(self.n_valid.max().item())
-        # For each row, the indices of its valid columns, left-padded with column 0.
-        order = torch.sort(self.mask.long(), dim=1, stable=True).indices[:, -width:]  # [B, width]
+        width = max(self.n_valid_host, default=0)
+        length = self.mask.shape[1]
+        # For each row, the indices of its valid columns, left-padded with hole columns.
+        order = torch.sort(self.mask.long(), dim=1, stable=True).indices[:, length - width :]  # [B, width]
         new_mask = torch.arange(width, device=self.device)[None, :] >= (width - self.n_valid)[:, None]
         for layer in self.cache.layers:
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
             layer.keys = layer.keys.gather(2, index)
             layer.values = layer.values.gather(2, index)
         self.mask = new_mask
+        self.runs = [[[width - n, width]] if n else [] for n in self.n_valid_host]
+
+    def check_mirrors(self) -> None:
+        """Raise AssertionError unless the host mirrors match the device mask (tests; syncs)."""
+        mask = self.mask.cpu()
+        assert self.n_valid.tolist() == self.n_valid_host == mask.sum(1).tolist(), (
+            self.n_valid.tolist(), self.n_valid_host, mask.sum(1).tolist())  # fmt: skip
+        for row, runs in enumerate(self.runs):
+            cols = [c for start, end in runs for c in range(start, end)]
+            assert cols == mask[row].nonzero().flatten().tolist(), (row, runs, mask[row])
+            assert all(start < end for start, end in runs), (row, runs)
+        assert self.mask.shape[1] == max((r[-1][1] for r in self.runs if r), default=0) or self.mask.shape[1] == 0
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                assert layer.keys.shape[2] == self.mask.shape[1], (layer.keys.shape, self.mask.shape)
 
     def row_kv(self, row: int, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The valid (committed) keys and values of one row: [heads, n_valid, d] each (for tests)."""

@@ -28,7 +28,9 @@ class RoundRecord:
     `accepted` counts drafted tokens that passed the test; `committed` is how many
     tokens the row actually appended (accepted + 1, truncated at EOS/max_new_tokens).
     `t_overhead` is `t_round - t_draft - t_verify` (C_o): sampling, acceptance,
-    cache rollback, bookkeeping, host syncs.
+    cache rollback, bookkeeping, host syncs. `host_syncs` counts the host<->device
+    syncs specbench's code made in the round (see `specbench.timing`; shared by all
+    rows of a round): 1 for the speculative decoder and the baseline; -1 = not counted.
     """
 
     round: int  # 0-based round index within the batch
@@ -43,6 +45,7 @@ class RoundRecord:
     t_verify: float  # C_t(gamma + 1), or C_t(1) for an autoregressive step
     t_overhead: float  # C_o
     t_round: float
+    host_syncs: int = -1  # explicit host syncs in this round (raw count; -1: producer does not count)
 
 
 ROUND_COLUMNS = [f.name for f in fields(RoundRecord)]

@@ -51,7 +51,7 @@ def load_tables(sweep_dir, ct=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     if ct is None:
         try:
             ct = load_sweep(sweep_dir, "ct")
-        except FileNotFoundError:
+        except ValueError:  # no finished job wrote a ct table: C_t falls back to the rounds
             ct = None
         if ct is not None and len(ct) == 0:
             ct = None
@@ -108,6 +108,13 @@ def _ci(s, lo, hi) -> str:
 
 def _varying(df: pd.DataFrame, keys) -> list[str]:
     return [k for k in keys if k in df.columns and df[k].nunique(dropna=False) > 1]
+
+
+def _drop_constant_keys(df: pd.DataFrame, keys=(*cm.SETTING_KEYS, "category")) -> pd.DataFrame:
+    """Drop key columns that hold one value (they are in the report header)."""
+    if len(df) <= 1:
+        return df
+    return df.drop(columns=[k for k in keys if k in df.columns and df[k].nunique(dropna=False) <= 1])
 
 
 def _label(kd: dict, keys: list[str]) -> str:
@@ -429,15 +436,14 @@ def build_report(
         a["α_i [95% CI]"] = [f"{x:.3f} [{lo:.3f}, {hi:.3f}]" if t else "–"
                             for x, lo, hi, t in zip(a["alpha"], a["alpha_lo"], a["alpha_hi"], a["trials"])]
         a = a.drop(columns=["successes", "alpha", "alpha_lo", "alpha_hi"])
-        s.tables.append(("Per-position acceptance", a.drop(columns=[c for c in a.columns if c in cm.ACCEPTANCE_KEYS
-                                                                    and c not in _varying(a, cm.ACCEPTANCE_KEYS)])))
+        s.tables.append(("Per-position acceptance", _drop_constant_keys(a)))
         singles = []
         for kd, sub in cm._iter_groups(cm.spec_rows(rounds), _varying(cm.spec_rows(rounds), cm.ACCEPTANCE_KEYS)):
             f = cm.fit_alpha(sub)
             singles.append({**kd, "α (single)": f.alpha, "lo": f.lo, "hi": f.hi, "tested positions": f.trials})
         s.tables.append(("Single-α fit", pd.DataFrame(singles)))
         s.tables.append(("Which acceptance model fits E[N] better (mean |error| over γ)",
-                         cm.which_accept_length_model(cmp_df)))
+                         _drop_constant_keys(cm.which_accept_length_model(cmp_df))))
     else:
         s.notes.append("no speculative rounds in this sweep")
     sections.append(s)
@@ -450,7 +456,7 @@ def build_report(
         "median per γ (linear fit for untried γ); C_t1 = median AR time per token."])
     if has_spec:
         add_fig(s, plot_cost_breakdown(rounds), "cost_breakdown.png", "Stacked C_d / C_t / C_o per round vs γ.")
-        s.tables.append(("Fitted timing profiles (seconds)", cm.timing_table(rounds, ct)))
+        s.tables.append(("Fitted timing profiles (seconds)", _drop_constant_keys(cm.timing_table(rounds, ct))))
     add_fig(s, plot_ct(rounds, ct), "ct_k.png", "Target forward time C_t(k) per batch size.")
     sections.append(s)
 
@@ -470,17 +476,15 @@ def build_report(
                 "Decode speedup vs γ: measured (95% CI), model, ideal.")
         t = svm.copy()
         t["measured [95% CI]"] = [_ci(a, b, c) for a, b, c in zip(t["speedup"], t["speedup_lo"], t["speedup_hi"])]
-        t = t.drop(columns=["speedup", "speedup_lo", "speedup_hi"] + [c for c in cm.SETTING_KEYS if c in t.columns
-                                                                      and c not in _varying(t, cm.SETTING_KEYS)])
+        t = _drop_constant_keys(t.drop(columns=["speedup", "speedup_lo", "speedup_hi"]))
         s.tables.append(("Measured vs predicted (rel_error = predicted/measured − 1)", t))
         loo = cm.leave_one_out(rounds, requests, ct, **bs)
         if loo.empty:
             s.notes.append("leave-one-out: needs at least two γ settings per setting")
         else:
-            s.tables.append(("Leave-one-γ-out predictions", loo.drop(columns=[
-                c for c in cm.SETTING_KEYS if c in loo.columns and c not in _varying(loo, cm.SETTING_KEYS)])))
+            s.tables.append(("Leave-one-γ-out predictions", _drop_constant_keys(loo)))
             s.tables.append(("Leave-one-out |relative error|: simple vs context-length model",
-                             cm.compare_context_model(rounds, requests, ct, **bs)))
+                             _drop_constant_keys(cm.compare_context_model(rounds, requests, ct, **bs))))
     sections.append(s)
 
     # Throughput

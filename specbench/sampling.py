@@ -53,6 +53,23 @@ def process_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tens
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row from probs [..., V] -> [...]."""
+    """Draw one token per row from probs [..., V] -> [...].
+
+    On CUDA this is `exponential_race`, the algorithm `torch.multinomial` itself uses
+    for one sample (same random stream, same tokens) without its two validity
+    `.item()` checks, each a host sync; elsewhere `torch.multinomial` (checks included).
+    """
     flat = probs.reshape(-1, probs.shape[-1])
+    if flat.is_cuda:
+        return exponential_race(flat, generator).reshape(probs.shape[:-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """argmax_x p(x) / E_x with E_x ~ Exp(1): one draw from probs [B, V] -> [B], no host sync.
+
+    `torch.multinomial(probs, 1)` computes exactly this (its one-sample fast path), so
+    both give the same token from the same generator state (tested on CPU).
+    """
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).argmax(-1)
