@@ -39,6 +39,10 @@ def main(cfg: DictConfig) -> None:
         print(f"specbench: invalid config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     job_dir = Path(HydraConfig.get().runtime.output_dir)
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
     if config.tune.enabled:  # +tune=gamma: an Optuna study instead of one job
         from specbench.tune import run_tune
 
@@ -86,4 +90,4 @@ class SweepSummary(Callback):
             from specbench.report import write_report
 
             out = write_report(sweep_dir)
-            print(f"report: {out}")
+            print(f"report: {out['html']}")

@@ -136,7 +136,7 @@ class SharedPrefillLM(CachedLM):
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         if len(prompts) > 1 and all(p == prompts[0] for p in prompts):
             logits = super().prefill([prompts[0]])
-            self.select_rows(torch.zeros(len(prompts), dtype=torch.long, device=self.device))
+            self.select_rows([0] * len(prompts))  # a gather: B copies of row 0
             return logits.repeat(len(prompts), 1)
         return super().prefill(prompts)
 
@@ -442,7 +442,7 @@ def _views(stacked: np.ndarray, weights_for_prefix: np.ndarray, tokens: int, top
                     break
                 mask = alive & (prefix_codes == code)
                 prefix = stacked[np.argmax(mask), :k].tolist()
-                views.append((f"next[{k + 1}] | {','.join(map(str, prefix))}", mask, stacked[:, k] + 1))
+                views.append((f"next[{k + 1}] after {','.join(map(str, prefix))}", mask, stacked[:, k] + 1))
     return views
 
 
@@ -544,10 +544,14 @@ class AuditResult:
             f"{s.power} at level alpha/m, whatever the deviation's shape (noncentral chi-square, chi2 >= 4 TV^2).",
         ]
         lines += [f"- note: {n}" for n in self.notes]
-        worst = self.tests.sort_values("p_adjusted").groupby(["decoder", "sampling"], sort=False).head(3)
-        lines += ["", "## Most significant tests per audit", "",
+        worst = self.tests.sort_values("p_adjusted").groupby(["decoder", "sampling"], sort=False).head(3).copy()
+        for col in ("p_value", "p_adjusted"):
+            worst[col] = worst[col].map(lambda p: f"{p:.2g}")
+        for col in ("tv", "tv_null", "detectable_tv"):
+            worst[col] = worst[col].map(lambda v: f"{v:.3f}")
+        lines += ["", "## Most significant tests of each audit", "",
                   _markdown_table(worst[["decoder", "sampling", "prompt", "test", "kind", "n", "bins", "p_value",
-                                         "p_adjusted", "tv", "tv_null", "detectable_tv"]].round(4))]  # fmt: skip
+                                         "p_adjusted", "tv", "tv_null", "detectable_tv"]])]  # fmt: skip
         return "\n".join(lines) + "\n"
 
     def save(self, out: str | Path) -> Path:
@@ -562,7 +566,7 @@ class AuditResult:
 def _markdown_table(df: pd.DataFrame) -> str:
     head = "| " + " | ".join(map(str, df.columns)) + " |"
     sep = "| " + " | ".join("---" for _ in df.columns) + " |"
-    rows = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    rows = ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([head, sep, *rows])
 
 

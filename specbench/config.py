@@ -135,6 +135,8 @@ class Config:
     runs_dir: str = "runs"
     force: bool = False  # re-run jobs whose results exist
     report: bool = True  # write the sweep report at the end of a multirun
+    threads: Optional[int] = None  # torch CPU threads per job (None: torch's default); cores / n_jobs when parallel
+    ct_bench: bool = True  # time target forwards over k = 1..16 new tokens (C_t(k)) once per job
     tune: TuneConfig = field(default_factory=TuneConfig)  # +tune=gamma: choose γ with Optuna (specbench.tune)
 
     def __post_init__(self) -> None:
@@ -144,6 +146,8 @@ class Config:
         _at_least("max_new_tokens", self.max_new_tokens, 1)
         _at_least("repeats", self.repeats, 1)
         _at_least("warmup", self.warmup, 0)
+        if self.threads is not None:
+            _at_least("threads", self.threads, 1)
         if self.decoder == "hf_assisted" and self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size}: decoder='hf_assisted' supports batch_size=1 only")
         if self.draft.kind == "model" and not (self.pair.draft.source or self.pair.draft.shape):

@@ -161,17 +161,18 @@ def round_level(rounds: pd.DataFrame) -> pd.DataFrame:
     extra = [c for c in (*TIMING_KEYS, "workload", "sampling", "gamma_setting") if c in rounds.columns and c not in keys]
     if rounds.empty:
         return rounds.assign(rows=pd.Series(dtype=int))
-    out = (
-        rounds.groupby(keys + extra, dropna=False, sort=False)
-        .agg(
-            context_len=("context_len", "mean"),
-            n_active=("n_active", "max"),
-            accepted=("accepted", "sum"),
-            committed=("committed", "sum"),
-            rows=("gamma", "size"),
-        )
-        .reset_index()
-    )
+    rid = rounds.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()  # ids in order of appearance
+    first = ~pd.Series(rid).duplicated().to_numpy()
+    out = rounds.loc[first, keys + extra].reset_index(drop=True)
+    n = len(out)
+    rows = np.bincount(rid, minlength=n)
+    out["context_len"] = np.bincount(rid, rounds["context_len"].to_numpy(float), n) / rows
+    n_active = np.zeros(n, int)
+    np.maximum.at(n_active, rid, rounds["n_active"].to_numpy(int))
+    out["n_active"] = n_active
+    out["accepted"] = np.bincount(rid, rounds["accepted"].to_numpy(float), n).astype(int)
+    out["committed"] = np.bincount(rid, rounds["committed"].to_numpy(float), n).astype(int)
+    out["rows"] = rows
     return out
 
 
@@ -591,7 +592,8 @@ class ContextTerms:
 class TimingProfile:
     """Component costs (seconds) of one (hardware, dtype, target, draft, batch_size).
 
-    C_d(γ) = cd_intercept + cd_per_token·γ (least squares on per-round t_draft);
+    C_d(γ) = cd_intercept + cd_per_token·γ (least squares through the per-γ medians of
+    per-round t_draft, weighted by rounds; through the origin if only one γ was run);
     C_t(k): monotone curve through (ct_k, ct_t), see `eval_monotone_curve`;
     C_o(γ): per-γ median t_overhead where measured, else co_intercept + co_per_token·γ;
     C_t1: median t_round / committed of AR rows. `context` holds the optional
@@ -1070,13 +1072,17 @@ def loo_summary(loo: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=keys + ["median_abs_rel_error", "max_abs_rel_error", "n_gammas"])
 
 
-def compare_context_model(rounds, requests, ct=None, by=None, **kw) -> pd.DataFrame:
+def compare_context_model(rounds, requests, ct=None, by=None, *, simple: pd.DataFrame | None = None,
+                          **kw) -> pd.DataFrame:
     """LOO error of the simple vs the context-length model, per setting.
 
-    Columns: keys + [simple_median, simple_max, context_median, context_max,
-    context_reduces_error] (errors are |relative errors|).
+    `simple`: an already computed `leave_one_out(..., context=False)` frame (saves its
+    recomputation). Columns: keys + [simple_median, simple_max, context_median,
+    context_max, context_reduces_error] (errors are |relative errors|).
     """
-    s = loo_summary(leave_one_out(rounds, requests, ct, by, context=False, **kw))
+    if simple is None:
+        simple = leave_one_out(rounds, requests, ct, by, context=False, **kw)
+    s = loo_summary(simple)
     c = loo_summary(leave_one_out(rounds, requests, ct, by, context=True, **kw))
     keys = [k for k in s.columns if k in SETTING_KEYS]
     s = s.drop(columns=["model", "n_gammas"]).rename(columns={"median_abs_rel_error": "simple_median",
@@ -1286,7 +1292,7 @@ def synthetic_sweep(
                             plen = plens[ids] + job_context.get(g, 0)
                             for decoder in (AUTOREGRESSIVE, SPECULATIVE):
                                 gg = g if decoder == SPECULATIVE else 0
-                                keys = {**base, "decoder": decoder, "repeat": rep}
+                                keys = {**base, "decoder": decoder, "repeat": rep, "batch": start // b}
                                 n = len(ids)
                                 gen = np.ones(n, int)  # prefill produced the first token
                                 finish = np.zeros(n)

@@ -97,6 +97,9 @@ def hf_assisted_decode(
             f"hf_assisted decoder: got a batch of {len(prompts)} prompts, but transformers' assisted generation "
             "supports batch size 1 only; run it with batch_size=1 (one prompt per call)"
         )
+    if draft_model is None:
+        raise ValueError("hf_assisted decoder needs a draft model (draft.kind='model' or 'w8a16'); "
+                         "n-gram drafts are not supported by it")  # fmt: skip
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"gamma={gamma!r}: must be an integer >= 1")
     if max_new_tokens < 1:

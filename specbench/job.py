@@ -22,6 +22,7 @@ from specbench.config import Config
 from specbench.decoder import DecodeResult, autoregressive_decode, speculative_decode
 from specbench.envinfo import environment_record, hardware_label
 from specbench.kvcache import CachedLM
+from specbench.microbench import bench_target_forward
 from specbench.pair import Pair, load_pair
 from specbench.records import AUTOREGRESSIVE, HF_ASSISTED, REQUEST_COLUMNS, ROUND_COLUMNS, SPECULATIVE, to_frame
 from specbench.telemetry import SAMPLE_COLUMNS, GpuTelemetry
@@ -154,6 +155,12 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
     rounds_df, requests_df = pd.concat(rounds, ignore_index=True), pd.concat(requests, ignore_index=True)
     runstore.write_table(job_dir, "rounds", rounds_df)
     runstore.write_table(job_dir, "requests", requests_df)
+    if cfg.ct_bench:
+        context = int(sum(len(p.ids) for p in prompts) / len(prompts))
+        ct = pd.DataFrame(bench_target_forward(pair.target, cfg.batch_size, range(1, 17), context, seed=cfg.seed))
+        for k in ("hardware", "dtype", "target", "pair", "shape_only"):
+            ct[k] = keys[k]
+        runstore.write_table(job_dir, "ct", ct)
     meta = telemetry.write(job_dir)
     runstore.mark_done(job_dir, {**keys, "prompts": len(prompts), "batches": len(batches), "repeats": cfg.repeats,
                                  "telemetry": meta})  # fmt: skip

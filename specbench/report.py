@@ -112,8 +112,6 @@ def _varying(df: pd.DataFrame, keys) -> list[str]:
 
 def _drop_constant_keys(df: pd.DataFrame, keys=(*cm.SETTING_KEYS, "category")) -> pd.DataFrame:
     """Drop key columns that hold one value (they are in the report header)."""
-    if len(df) <= 1:
-        return df
     return df.drop(columns=[k for k in keys if k in df.columns and df[k].nunique(dropna=False) <= 1])
 
 
@@ -451,7 +449,7 @@ def build_report(
     # Costs
     s = Section("Component costs", text=[
         "One observation per round (times are shared by a round's batch rows), full-batch rounds where there "
-        "are at least 3. C_d(γ) = intercept + per-token·γ (least squares); C_t(k) = monotone (isotonic) fit "
+        "are at least 3. C_d(γ) = intercept + per-token·γ (least squares through the per-γ medians); C_t(k) = monotone (isotonic) fit "
         "of the median time per k, interpolated between tried k and extrapolated linearly beyond; C_o = "
         "median per γ (linear fit for untried γ); C_t1 = median AR time per token."])
     if has_spec:
@@ -484,7 +482,7 @@ def build_report(
         else:
             s.tables.append(("Leave-one-γ-out predictions", _drop_constant_keys(loo)))
             s.tables.append(("Leave-one-out |relative error|: simple vs context-length model",
-                             _drop_constant_keys(cm.compare_context_model(rounds, requests, ct, **bs))))
+                             _drop_constant_keys(cm.compare_context_model(rounds, requests, ct, simple=loo, **bs))))
     sections.append(s)
 
     # Throughput

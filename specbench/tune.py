@@ -345,10 +345,7 @@ def _make_local_sampler(drafts: list[str], gamma_max: int, seed: int | None):
                     c = allc[int(self._rng.rng.integers(len(allc)))]
                     prop = {"draft": c[0], "gamma": c[1]}
                 self._cache[trial.number] = prop
-            value = self._cache[trial.number][param_name]
-            if not param_distribution._contains(param_distribution.to_internal_repr(value)):
-                value = optuna.samplers.RandomSampler().sample_independent(study, trial, param_name, param_distribution)
-            return value
+            return self._cache[trial.number][param_name]  # proposals lie in the current search space
 
     return LocalSearchSampler()
 

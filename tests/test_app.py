@@ -127,7 +127,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
 
 @pytest.mark.parametrize("launcher", ["local_parallel", "submitit_local_test"])
 def test_launchers_run_a_real_multirun(launcher, tmp_path):
-    args = [*TINY, f"hydra/launcher={launcher}", "hydra.mode=MULTIRUN", "gamma=1,2", "max_new_tokens=6",
+    args = [*TINY, f"hydra/launcher={launcher}", "hydra.mode=MULTIRUN", "threads=1", "gamma=1,2", "max_new_tokens=6",
             "workload.n_prompts=2", "warmup=0", "sweep_name=launch"]  # fmt: skip
     result = _run(args, tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -249,6 +249,8 @@ def test_hf_assisted_rejects_batches_and_maps_sampling(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="batch size 1"):
         hf_assisted_decode(target, draft, [[1, 2], [3, 4]], 2, PLAIN, 4, set(), 0, PhaseTimer())
+    with pytest.raises(ValueError, match="needs a draft model"):
+        hf_assisted_decode(target, None, [[1, 2]], 2, PLAIN, 4, set(), 0, PhaseTimer())
     # transformers fills an omitted top_k with its global default 50: it must be passed explicitly
     config, _ = target._prepare_generation_config(None, **generate_kwargs(PLAIN, 4, set()))
     assert config.top_k is None and config.top_p == 1.0 and config.temperature == 1.0

@@ -76,28 +76,32 @@ def test_missing_data_is_skipped_with_a_note(sweep, tmp_path):
     assert res["html"].exists() and {p.name for p in res["figures"]} == {"ct_k.png"}
 
 
-def test_cli_main_writes_report(sweep, tmp_path):
+def test_cli_main_writes_report(sweep, tmp_path, capsys):
     if importlib.util.find_spec("specbench.runstore") is None:
-        pytest.skip("specbench.runstore not available yet")
-    from specbench.runstore import load_sweep
+        pytest.skip("specbench.runstore not available")
+    from specbench import runstore
 
     sweep_dir = tmp_path / "sweep"
-    r, q = sweep["rounds"], sweep["requests"]
+    r, q = (t[t["batch_size"] == 1] for t in (sweep["rounds"], sweep["requests"]))
     for job in r["job"].unique():
         d = sweep_dir / job
         d.mkdir(parents=True)
-        r[r["job"] == job].drop(columns=["job"]).to_parquet(d / "rounds.parquet")
-        q[q["job"] == job].drop(columns=["job"]).to_parquet(d / "requests.parquet")
-    if load_sweep(sweep_dir, "rounds").empty:
-        pytest.skip("runstore expects another job layout (e.g. a finished marker)")
+        runstore.write_table(d, "rounds", r[r["job"] == job].drop(columns=["job"]))
+        runstore.write_table(d, "requests", q[q["job"] == job].drop(columns=["job"]))
+        runstore.mark_done(d)
+    # an unfinished job is not reported
+    (sweep_dir / "unfinished").mkdir()
+    runstore.write_table(sweep_dir / "unfinished", "rounds", r.head(3).drop(columns=["job"]))
+    loaded = report.load_tables(sweep_dir)
+    assert loaded[2] is None and len(loaded[0]) == len(r) and set(loaded[0]["job"]) == set(r["job"])
     ct_path = tmp_path / "ct.csv"
     sweep["ct"].to_csv(ct_path, index=False)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "specbench.report", str(sweep_dir), "--out", str(out), "--ct",
-                           str(ct_path), "--resamples", "200"], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert "report.html" in proc.stdout
+    assert report.main([str(sweep_dir), "--out", str(out), "--ct", str(ct_path), "--resamples", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out / 'report.html'}" in printed
     assert (out / "report.html").exists() and (out / "report.md").exists()
+    assert "micro-benchmark table" in (out / "report.md").read_text()
 
 
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium")

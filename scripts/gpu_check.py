@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""Device-check helpers for scripts/gpu_check.sh (run on a GPU machine; CPU for a smoke test).
+
+    python scripts/gpu_check.py equality --device cuda --out greedy_equality.json
+    python scripts/gpu_check.py ct --device cuda --shape llama-3.1-8b --dtype bfloat16 --out ct.parquet
+
+`equality`: speculative vs autoregressive greedy decoding on shape-only models (random
+weights, so no downloads), per dtype. In float32 the outputs must be identical; a
+divergence is reported with the logit margin at the first differing token, computed
+again in float32, so a numerics near-tie (DESIGN.md: bf16 verification of k tokens and
+one-at-a-time decoding round differently) is told apart from a bug. Exit status 1 when
+a float32 case diverges at a token whose float32 margin is not a tie.
+
+`ct`: the C_t(k) micro-benchmark: one target forward over k new tokens (k = 1..16) at a
+fixed context, per batch size, timed with the project's PhaseTimer (CUDA events on a
+GPU), after which the k columns are rolled back. Writes the table that
+`python -m specbench.report --ct` and `costmodel.TimingProfile` read: hardware, dtype,
+target, batch_size, k, context_len, t_forward (seconds), repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specbench.decoder import autoregressive_decode, speculative_decode
+from specbench.drafts import ModelDraft, NgramDraft
+from specbench.envinfo import hardware_label
+from specbench.kvcache import CachedLM
+from specbench.sampling import SamplingConfig
+from specbench.shapes import build_shape_only_model, shape_config
+from specbench.timing import PhaseTimer, to_device
+
+GREEDY = SamplingConfig()
+# A float32 divergence whose float32 margin is at most this is a numerics tie, not a bug.
+FP32_TIE = 1e-3
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[name]
+
+
+def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A draft close to the target: its weights plus noise (partial, ragged acceptance)."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            noise = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
+            p.add_((noise * scale * p.float().std()).to(p.dtype))
+    return draft
+
+
+@torch.inference_mode()
+def last_logits(model, ids: list[int]) -> torch.Tensor:
+    x = torch.tensor([ids], device=next(model.parameters()).device)
+    return model(input_ids=x).logits[0, -1].float()
+
+
+def ulp(dtype: torch.dtype, magnitude: float) -> float:
+    """Spacing of `dtype` numbers at `magnitude` (the step a logit moves by)."""
+    if magnitude <= 0:
+        return torch.finfo(dtype).tiny
+    mant = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}[dtype]
+    return 2.0 ** (math.floor(math.log2(magnitude)) - mant)
+
+
+def divergence(model, reference32, prompt: list[int], ar: list[int], spec: list[int], dtype: torch.dtype) -> dict | None:
+    """None if equal; else the first differing position and the margins there.
+
+    margin = logit[AR's token] - logit[speculative's token] at that position, from a plain
+    forward in the run dtype and in float32 (`reference32`, the same weights upcast).
+    """
+    n = min(len(ar), len(spec))
+    j = next((i for i in range(n) if ar[i] != spec[i]), None)
+    if j is None:
+        return None if len(ar) == len(spec) else {"position": n, "reason": "lengths differ (EOS)"}
+    ctx = prompt + ar[:j]
+    l_run, l32 = last_logits(model, ctx), last_logits(reference32, ctx)
+    top = float(l32.abs().max())
+    gap32 = float(l32[ar[j]] - l32[spec[j]])
+    return {
+        "position": j, "ar_token": ar[j], "spec_token": spec[j],
+        "margin_run_dtype": float(l_run[ar[j]] - l_run[spec[j]]), "margin_fp32": gap32,
+        "fp32_argmax": int(l32.argmax()), "max_abs_logit": top, "ulp_at_max_logit": ulp(dtype, top),
+        "tie": abs(gap32) <= (FP32_TIE if dtype in (torch.float32, torch.float64) else 8 * ulp(dtype, top)),
+    }  # fmt: skip
+
+
+def equality(args) -> int:
+    device = torch.device(args.device)
+    overrides = {"initializer_range": args.init_range} if args.init_range else {}
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    config = shape_config(args.shape, **overrides)
+    reference32 = build_shape_only_model(config, dtype=torch.float32, device=device, seed=0)
+    vocab = config.vocab_size
+    g = torch.Generator().manual_seed(7)
+    lengths = [args.prompt_tokens - 5 * i for i in range(args.batch)]  # ragged prompts
+    prompts = [torch.randint(0, vocab, (max(n, 2),), generator=g).tolist() for n in lengths]
+    cases, bad = [], 0
+    for dtype_name in args.dtypes.split(","):
+        dtype = _dtype(dtype_name)
+        model = reference32 if dtype == torch.float32 else copy.deepcopy(reference32).to(dtype)
+        draft_model = perturbed(model, args.noise, seed=1)
+        drafts = {"perturbed": lambda: ModelDraft(draft_model), "ngram": lambda: NgramDraft(vocab, device=device)}
+        t0 = time.perf_counter()
+        ar = autoregressive_decode(CachedLM(model), prompts, GREEDY, args.new_tokens, set()).tokens
+        hf = None
+        if dtype == torch.float32:  # our baseline against transformers' own greedy decoding (no EOS either)
+            saved, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
+            try:
+                with torch.inference_mode():
+                    hf = [model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.new_tokens,
+                                         do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+                          for p in prompts for x in [torch.tensor([p], device=device)]]  # fmt: skip
+            finally:
+                model.generation_config.eos_token_id = saved
+        for draft_name, make in drafts.items():
+            for gamma in args.gammas:
+                result = speculative_decode(CachedLM(model), make(), prompts, gamma, GREEDY, args.new_tokens, set())
+                rows = []
+                for r, p in enumerate(prompts):
+                    d = divergence(model, reference32, p, ar[r], result.tokens[r], dtype)
+                    rows.append({"row": r, "equal": d is None, **({"divergence": d} if d else {})})
+                accepted = [x.accepted for x in result.rounds]
+                case = {
+                    "shape": args.shape, "layers": config.num_hidden_layers, "dtype": dtype_name, "draft": draft_name,
+                    "gamma": gamma, "batch": len(prompts), "new_tokens": args.new_tokens,
+                    "rows_equal": sum(x["equal"] for x in rows), "rows": rows,
+                    "mean_accepted": sum(accepted) / max(len(accepted), 1),
+                    "host_syncs_per_round": sorted({x.host_syncs for x in result.rounds}),
+                }  # fmt: skip
+                if hf is not None:
+                    case["ar_equals_hf_generate"] = ar == hf
+                # Only float32 decides: a non-tie divergence there (or AR != HF) is a bug; bf16/fp16 report.
+                exact = dtype in (torch.float32, torch.float64)
+                case["ok"] = not exact or (all(x["equal"] or x["divergence"].get("tie") for x in rows)
+                                           and case.get("ar_equals_hf_generate", True))  # fmt: skip
+                bad += not case["ok"]
+                cases.append(case)
+                status = "ok" if case["ok"] else "FAIL"
+                print(f"[{status}] {dtype_name} draft={draft_name} γ={gamma}: {case['rows_equal']}/{len(rows)} rows "
+                      f"equal, mean accepted {case['mean_accepted']:.2f}, syncs/round {case['host_syncs_per_round']}"
+                      + ("".join(f"\n    row {x['row']}: first diff at {x['divergence'].get('position')}, "
+                                 f"fp32 margin {x['divergence'].get('margin_fp32', float('nan')):.3g}"
+                                 f" ({'tie' if x['divergence'].get('tie') else 'NOT a tie'})"
+                                 for x in rows if not x["equal"])), flush=True)  # fmt: skip
+        if hf is not None:
+            print(f"  {dtype_name}: autoregressive == transformers generate: {ar == hf}")
+        print(f"  {dtype_name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    out = {"device": str(device), "hardware": hardware_label(device), "ok": bad == 0, "fp32_tie": FP32_TIE,
+           "cases": cases}  # fmt: skip
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"greedy equality: {'PASS' if bad == 0 else f'FAIL ({bad} cases)'}")
+    return 0 if bad == 0 else 1
+
+
+@torch.inference_mode()
+def ct_bench(shape: str, dtype: torch.dtype, device: torch.device, batch_sizes: list[int], ks: list[int],
+             context_len: int, repeats: int, warmup: int, layers: int | None = None, seed: int = 0):  # fmt: skip
+    """C_t(k) rows: one target forward over k new tokens at `context_len`, rolled back after.
+
+    Uses `specbench.microbench.bench_target_forward` when the package has it, else the
+    same measurement here (`_forward_rows`); adds the keys the cost model matches on.
+    """
+    import pandas as pd
+
+    try:
+        from specbench.microbench import bench_target_forward
+    except ImportError:
+        bench_target_forward = None
+    config = shape_config(shape, **({"num_hidden_layers": layers} if layers else {}))
+    model = build_shape_only_model(config, dtype=dtype, device=device, seed=seed)
+    rows = []
+    for batch in batch_sizes:
+        if bench_target_forward is not None:
+            rows += bench_target_forward(model, batch, ks, context_len=context_len, repeats=repeats, seed=seed)
+        else:
+            rows += _forward_rows(model, batch, ks, context_len, repeats, warmup, seed)
+        print(f"  batch {batch}: C_t(1) {_median(rows, batch, ks[0]) * 1e3:.2f} ms, "
+              f"C_t({ks[-1]}) {_median(rows, batch, ks[-1]) * 1e3:.2f} ms", flush=True)
+    df = pd.DataFrame(rows)
+    df.insert(0, "hardware", hardware_label(device))
+    df.insert(1, "dtype", str(dtype).removeprefix("torch."))
+    df.insert(2, "target", shape)
+    df["shape_only"] = True
+    df["bench"] = "specbench.microbench" if bench_target_forward is not None else "scripts/gpu_check.py"
+    return df
+
+
+def _forward_rows(model, batch: int, ks: list[int], context_len: int, repeats: int, warmup: int, seed: int) -> list[dict]:
+    vocab, device = model.config.vocab_size, model.device
+    g = torch.Generator().manual_seed(seed)
+    lm = CachedLM(model)
+    lm.prefill(torch.randint(0, vocab, (batch, context_len), generator=g).tolist())
+    tokens = {k: to_device(torch.randint(0, vocab, (batch, k), generator=g).tolist(), device) for k in ks}
+    timer, marks = PhaseTimer(device), []
+    for rep in range(warmup + repeats):
+        for k in ks:
+            m0 = timer.mark()
+            lm.feed(tokens[k])
+            m1 = timer.mark()
+            lm.keep_last_fed(k, [0] * batch)  # roll back: the context stays at context_len
+            if rep >= warmup:
+                marks.append((k, rep - warmup, m0, m1))
+    seconds = timer.resolve()
+    return [{"batch_size": batch, "k": k, "context_len": context_len, "repeat": r, "t_forward": seconds[m1] - seconds[m0]}
+            for k, r, m0, m1 in marks]  # fmt: skip
+
+
+def _median(rows, batch, k) -> float:
+    ts = sorted(r["t_forward"] for r in rows if r["batch_size"] == batch and r["k"] == k)
+    return ts[len(ts) // 2]
+
+
+def ct(args) -> int:
+    t0 = time.perf_counter()
+    df = ct_bench(args.shape, _dtype(args.dtype), torch.device(args.device), args.batch_sizes,
+                  list(range(1, args.k_max + 1)), args.context, args.repeats, args.warmup, args.layers)  # fmt: skip
+    out = Path(args.out)
+    df.to_parquet(out, index=False) if out.suffix == ".parquet" else df.to_csv(out, index=False)
+    print(f"wrote {out}: {len(df)} rows in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("equality", help="greedy equality: speculative vs autoregressive, per dtype")
+    e.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    e.add_argument("--shape", default="llama-3.2-1b", help="shape preset of the target (and of its perturbed draft)")
+    e.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smaller = faster)")
+    e.add_argument("--init-range", type=float, default=None,
+                   help="override initializer_range (larger: peakier p, fewer near-ties, lower acceptance)")
+    e.add_argument("--noise", type=float, default=0.05, help="draft = target + noise * std (per tensor)")
+    e.add_argument("--dtypes", default="float32,bfloat16")
+    e.add_argument("--gammas", type=_ints, default=[1, 4])
+    e.add_argument("--batch", type=int, default=4)
+    e.add_argument("--prompt-tokens", type=int, default=24)
+    e.add_argument("--new-tokens", type=int, default=32)
+    e.add_argument("--out", default=None, help="JSON results")
+    c = sub.add_parser("ct", help="C_t(k) micro-benchmark of the target forward")
+    c.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    c.add_argument("--shape", default="llama-3.1-8b")
+    c.add_argument("--layers", type=int, default=None)
+    c.add_argument("--dtype", default="bfloat16")
+    c.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64])
+    c.add_argument("--k-max", type=int, default=16)
+    c.add_argument("--context", type=int, default=144, help="context length (prompt + about half the output)")
+    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--warmup", type=int, default=2)
+    c.add_argument("--out", required=True, help=".parquet or .csv")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    return {"equality": equality, "ct": ct}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# specbench device check: one GPU, no internet, under 8 minutes.
+#
+#   bash scripts/gpu_check.sh [--out DIR] [--wheels DIR] [--budget SECONDS] [--work DIR]
+#   bash scripts/gpu_check.sh --cpu-smoke [--out DIR]     # the same plumbing on CPU, tiny shapes (~2-3 min)
+#   bash scripts/gpu_check.sh --fetch-wheels [--wheels DIR]  # where PyPI is reachable: fill the wheel folder
+#
+# Steps (each under `timeout`, capped by what is left of --budget; a failed step does not
+# stop the next; the exit status is 1 if any step failed or was skipped):
+#   env       nvidia-smi, python, torch/CUDA                                   expected   5 s, cap  30 s
+#   install   pip install --no-index --find-links WHEELS (hydra-core, omegaconf,
+#             antlr4, optuna + deps, platformdirs, transformers 5.24 + regex),
+#             pip install --no-deps -e . ; then a KV-cache compatibility check expected  25 s, cap 120 s
+#   pytest    pytest -m gpu tests (CUDA timing, telemetry, equality, syncs)   expected  60 s, cap 150 s
+#   equality  greedy speculative == autoregressive on shape-only Llama-3.2-1B,
+#             float32 (must match) and bfloat16 (margins reported)          expected  40 s, cap  90 s
+#   sweep     gamma 1,2,4,6 x batch 1,4,16,64: 8B-shape target, 1B-shape draft,
+#             bf16, synthetic prompts, 32 new tokens (conf/sweep/gpu_check.yaml) expected 150 s, cap 240 s
+#   ct        C_t(k) micro-benchmark, k = 1..16, batch 1,4,16,64, 8B shape    expected  30 s, cap  60 s
+#   report    python -m specbench.report <sweep> --ct ct.parquet             expected  30 s, cap  90 s
+# Expected total about 5.5 minutes on an H200; --budget (default 470 s) bounds the whole run.
+#
+# Output (at most 8 files, flat, as the device tool returns them): DIR/gpu_check.log,
+# steps.json, greedy_equality.json, pytest_gpu.txt, sweep_summary.txt, report.md, ct.csv,
+# results.tar.gz (the sweep's job dirs, the full report with plots, ct.parquet).
+# DIR defaults to $OUT when set, else ./gpu_check_out.
+#
+# Filling the wheel folder (here, with PyPI; the GPU machine has Python 3.12 and none of
+# hydra-core/omegaconf/antlr4/optuna/platformdirs, and transformers 5.17, too old for
+# specbench's `cache=` calls): `bash scripts/gpu_check.sh --fetch-wheels`, which runs
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#       -d wheels hydra-core==V omegaconf==V optuna==V alembic==V sqlalchemy==V mako==V colorlog==V \
+#       platformdirs==V transformers==V regex==V typing-extensions==V
+#   pip wheel --no-deps -w wheels antlr4-python3-runtime==4.9.3      # sdist only on PyPI: built here
+# with V = the versions installed here (the tested set). Keep wheels/ out of git
+# (`echo /wheels/ >> .git/info/exclude`) and name it in the device tool's `carry`.
+
+set -u
+
+MODE=gpu
+OUTDIR="${OUT:-}"
+WORK=""
+WHEELS=wheels
+BUDGET=470
+PY="${PYTHON:-python3}"
+
+usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu-smoke) MODE=cpu ;;
+    --fetch-wheels) MODE=fetch ;;
+    --out) OUTDIR="$2"; shift ;;
+    --work) WORK="$2"; shift ;;
+    --wheels) WHEELS="$2"; shift ;;
+    --budget) BUDGET="$2"; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO" || exit 2
+case "$WHEELS" in /*) ;; *) WHEELS="$REPO/$WHEELS" ;; esac
+
+if [ "$MODE" = fetch ]; then
+  mkdir -p "$WHEELS"
+  pins=$("$PY" - <<'EOF'
+from importlib.metadata import version, PackageNotFoundError
+names = ["hydra-core", "omegaconf", "optuna", "alembic", "sqlalchemy", "mako", "colorlog", "platformdirs",
+         "transformers", "regex", "typing-extensions"]
+out = []
+for n in names:
+    try:
+        out.append(f"{n}=={version(n)}")
+    except PackageNotFoundError:
+        out.append(n)
+print(" ".join(out))
+EOF
+)
+  antlr=$("$PY" -c "from importlib.metadata import version; print(version('antlr4-python3-runtime'))" 2>/dev/null || echo 4.9.3)
+  echo "fetching into $WHEELS: $pins antlr4-python3-runtime==$antlr"
+  "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$WHEELS" $pins || exit 1
+  "$PY" -m pip wheel --no-deps -w "$WHEELS" "antlr4-python3-runtime==$antlr" || exit 1
+  du -sh "$WHEELS"; ls "$WHEELS"
+  exit 0
+fi
+
+[ -n "$OUTDIR" ] || OUTDIR="$REPO/gpu_check_out"
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+[ -n "$WORK" ] || WORK="$(mktemp -d "${TMPDIR:-/tmp}/specbench_gpu_check.XXXXXX")"
+mkdir -p "$WORK" && WORK="$(cd "$WORK" && pwd)"
+LOG="$OUTDIR/gpu_check.log"
+: > "$LOG"
+exec > >(tee -a "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # specbench even if the editable install fails
+
+START=$(date +%s)
+STEPS="$WORK/steps.tsv"
+: > "$STEPS"
+FAILED=()
+
+# step NAME CAP_SECONDS COMMAND...: run under timeout, capped by the remaining budget.
+step() {
+  local name=$1 cap=$2; shift 2
+  local now left t rc status begin
+  now=$(date +%s); left=$((BUDGET - (now - START)))
+  if [ "$left" -lt 15 ]; then
+    echo "=== $name: SKIPPED (${left}s of the ${BUDGET}s budget left)"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" skipped "" 0 "$cap" >> "$STEPS"
+    FAILED+=("$name"); return
+  fi
+  t=$(( cap < left ? cap : left ))
+  echo "=== $name (cap ${t}s, $(( now - START ))s elapsed) ==="
+  begin=$(date +%s)
+  # A fresh bash runs the step (functions are exported): timeout kills its whole process group.
+  timeout --kill-after=10 "$t" bash -c '"$@"' _ "$@"; rc=$?
+  case $rc in 0) status=ok ;; 124|137) status=timeout ;; *) status=failed ;; esac
+  echo "=== $name: $status (rc $rc, $(( $(date +%s) - begin ))s)"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$(( $(date +%s) - begin ))" "$t" >> "$STEPS"
+  [ "$status" = ok ] || FAILED+=("$name")
+}
+
+env_check() {
+  echo "mode=$MODE repo=$REPO out=$OUTDIR work=$WORK budget=${BUDGET}s python=$(command -v "$PY")"
+  command -v nvidia-smi >/dev/null && nvidia-smi -L
+  "$PY" - "$MODE" <<'EOF'
+import platform, sys
+import torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), "bf16", torch.cuda.is_bf16_supported())
+sys.exit(1 if sys.argv[1] == "gpu" and not torch.cuda.is_available() else 0)
+EOF
+}
+
+install() {
+  if [ "$MODE" = gpu ]; then
+    if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+      "$PY" -m pip install -q --no-index --find-links "$WHEELS" "$WHEELS"/*.whl || return 1
+    else
+      echo "no wheels in $WHEELS: using what is installed (see --help to fill it)"
+    fi
+    "$PY" -m pip install -q --no-deps --no-build-isolation -e . \
+      || echo "editable install failed: using PYTHONPATH=$REPO"
+  fi
+  # The versions, then a KV-cache check: CachedLM's incremental logits must equal a full
+  # forward (transformers older than the `cache=` keyword would silently ignore the cache).
+  "$PY" - "$MODE" <<'EOF'
+import sys
+from importlib.metadata import version
+for name in ("hydra-core", "omegaconf", "optuna", "transformers", "torch", "nvidia-ml-py"):
+    try:
+        print(f"  {name} {version(name)}")
+    except Exception as e:
+        print(f"  {name} MISSING ({e})")
+import hydra, omegaconf, optuna, platformdirs  # noqa: F401  the app and tuner need them
+import torch
+from specbench.kvcache import CachedLM
+from specbench.shapes import build_shape_only_model
+device = "cuda" if sys.argv[1] == "gpu" else "cpu"
+model = build_shape_only_model("tiny-llama", dtype=torch.float32, device=device)
+ids = [[5, 6, 7, 8, 9, 10]]
+lm = CachedLM(model)
+lm.prefill([ids[0][:3]])
+inc = lm.feed(torch.tensor([ids[0][3:]], device=device))[0, -1]
+full = model(input_ids=torch.tensor(ids, device=device)).logits[0, -1]
+err = float((inc - full).abs().max())
+print(f"  KV-cache check: max |incremental - full| = {err:.2e}")
+sys.exit(0 if err < 1e-4 else 1)
+EOF
+}
+
+pytest_gpu() {
+  local args=(-m gpu -q -rs -p no:cacheprovider)
+  if [ "$MODE" = gpu ]; then args+=(tests); else args+=(tests/test_gpu.py); fi
+  "$PY" -m pytest "${args[@]}" 2>&1 | tee "$OUTDIR/pytest_gpu.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+equality() {
+  if [ "$MODE" = gpu ]; then
+    "$PY" scripts/gpu_check.py equality --device cuda --shape llama-3.2-1b --dtypes float32,bfloat16 \
+      --gammas 1,4 --batch 4 --new-tokens 32 --out "$OUTDIR/greedy_equality.json"
+  else
+    "$PY" scripts/gpu_check.py equality --device cpu --shape tiny-llama --init-range 0.3 --dtypes float32,bfloat16 \
+      --gammas 4 --batch 3 --new-tokens 12 --out "$OUTDIR/greedy_equality.json"
+  fi
+}
+
+sweep() {
+  local args
+  if [ "$MODE" = gpu ]; then
+    args=(pair=llama8b_1b_shape gamma=1,2,4,6 batch_size=1,4,16,64)
+  else
+    args=(pair=tiny gamma=1,2 batch_size=1,2 max_new_tokens=8 workload.prompt_tokens=16 repeats=1)
+  fi
+  "$PY" -m specbench draft=model workload=synthetic +sweep=gpu_check "${args[@]}" \
+      runs_dir="$WORK/runs" sweep_name=gpu_check report=false 2>&1 | grep -v 'batch/s' | tee "$OUTDIR/sweep_summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  "$PY" - "$WORK/runs/gpu_check" <<'EOF'
+import sys
+import pandas as pd
+from specbench import runstore
+sweep = sys.argv[1]
+done, failed = runstore.list_jobs(sweep), runstore.load_failures(sweep)
+print(f"jobs done: {len(done)}, failed: {len(failed)}")
+if len(failed):
+    print(failed[["job", "kind", "message"]].to_string(index=False))
+rounds = runstore.load_sweep(sweep, "rounds")
+print("host syncs per round:", rounds.groupby("decoder")["host_syncs"].unique().to_dict())
+print("shape_only:", rounds["shape_only"].unique().tolist())
+meta = runstore.load_meta(sweep)
+cols = [c for c in meta.columns if c.startswith("telemetry.") and not c.endswith("device_name")]
+print(meta[["job", *cols]].to_string(index=False))
+sys.exit(1 if len(failed) or not len(done) else 0)
+EOF
+}
+
+ct() {
+  if [ "$MODE" = gpu ]; then
+    "$PY" scripts/gpu_check.py ct --device cuda --shape llama-3.1-8b --dtype bfloat16 \
+      --batch-sizes 1,4,16,64 --k-max 16 --context 144 --repeats 5 --warmup 2 --out "$WORK/ct.parquet"
+  else
+    "$PY" scripts/gpu_check.py ct --device cpu --shape tiny-llama --dtype float32 \
+      --batch-sizes 1,2 --k-max 4 --context 16 --repeats 2 --warmup 1 --out "$WORK/ct.parquet"
+  fi
+}
+
+report() {
+  local ct_arg=()
+  [ -f "$WORK/ct.parquet" ] && ct_arg=(--ct "$WORK/ct.parquet")
+  "$PY" -m specbench.report "$WORK/runs/gpu_check" --out "$WORK/report" "${ct_arg[@]}" --resamples 500
+}
+
+pack() {
+  [ -f "$WORK/report/report.md" ] && cp "$WORK/report/report.md" "$OUTDIR/report.md"
+  [ -f "$WORK/ct.parquet" ] && "$PY" -c "import pandas as pd, sys; pd.read_parquet(sys.argv[1]).to_csv(sys.argv[2], index=False)" \
+    "$WORK/ct.parquet" "$OUTDIR/ct.csv"
+  local parts=()
+  for p in runs report ct.parquet steps.tsv; do [ -e "$WORK/$p" ] && parts+=("$p"); done
+  [ ${#parts[@]} -gt 0 ] && tar czf "$OUTDIR/results.tar.gz" -C "$WORK" "${parts[@]}"
+  "$PY" - "$STEPS" "$OUTDIR/steps.json" "$MODE" "$BUDGET" "$(( $(date +%s) - START ))" <<'EOF'
+import json, sys
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+steps = [{"step": n, "status": s, "rc": int(rc) if rc else None, "seconds": int(sec), "cap_s": int(cap)}
+         for n, s, rc, sec, cap in rows]
+out = {"mode": sys.argv[3], "budget_s": int(sys.argv[4]), "elapsed_s": int(sys.argv[5]),
+       "ok": all(s["status"] == "ok" for s in steps), "steps": steps}
+open(sys.argv[2], "w").write(json.dumps(out, indent=2) + "\n")
+EOF
+}
+
+export MODE PY WHEELS OUTDIR WORK REPO
+export -f env_check install pytest_gpu equality sweep ct report
+
+step env 30 env_check
+step install 120 install
+step pytest 150 pytest_gpu
+step equality 90 equality
+step sweep 240 sweep
+step ct 60 ct
+step report 90 report
+pack
+
+echo "=== done in $(( $(date +%s) - START ))s; outputs in $OUTDIR:"
+ls -la "$OUTDIR"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "FAILED steps: ${FAILED[*]}"
+  exit 1
+fi
+echo "all steps ok"
