@@ -272,9 +272,10 @@ def exact_distribution(
             probs.append(p / p.sum(-1, keepdims=True))
         joint = live_p[:, None] * np.concatenate(probs)  # [M, V]
         row, tok = np.nonzero(joint > 0)
-        if len(row) > max_outcomes:
+        count = len(row) + sum(len(d) for d in done)
+        if count > max_outcomes:
             raise ValueError(
-                f"exact audit: {len(row)} continuations of {pos + 1} tokens have p > 0, more than "
+                f"exact audit: {count} continuations of up to {pos + 1} tokens have p > 0, more than "
                 f"max_enumerate={max_outcomes}; use reference='sample' or fewer tokens"
             )
         seqs = np.concatenate([live[row], tok[:, None]], 1)
@@ -614,7 +615,7 @@ def run_audit(
     rows = []
     for i, prompt in enumerate(prompts):
         key = (id(target_model), tuple(prompt), sampling, settings.tokens, tuple(sorted(eos_token_ids)), mode,
-               n_ref if mode == "sample" else settings.max_enumerate, settings.seed)  # fmt: skip
+               (n_ref, settings.seed, reference and reference.name) if mode == "sample" else None)  # fmt: skip
         if key not in cache:
             if mode == "exact":
                 outcomes, probs = exact_distribution(target_model, prompt, sampling, settings.tokens, eos_token_ids,
@@ -704,6 +705,15 @@ def load_audit_pair(name: str) -> tuple[PreTrainedModel, PreTrainedModel, list[l
     raise ValueError(f"audit.pair={name!r}: must be one of ['tiny', 'embedded']")
 
 
+def check_decoder_name(name: str) -> None:
+    from specbench.audit_variants import get_variant
+
+    if name.startswith("broken:"):
+        get_variant(name.removeprefix("broken:"))
+    elif name not in ("specbench", "autoregressive", "hf_assisted"):
+        raise ValueError(f"audit.decoder={name!r}: must be {DECODER_CHOICES}")
+
+
 def make_decoder(
     name: str, target, draft, gamma: int, sampling: SamplingConfig, eos: set[int], settings: AuditSettings
 ) -> DecoderUnderTest:
@@ -764,6 +774,11 @@ def main(argv: list[str] | None = None) -> int:
                                  reference_samples=args.reference_samples, max_enumerate=args.max_enumerate,
                                  batch_size=args.batch_size, seed=args.seed)  # fmt: skip
         samplings = [SamplingConfig(args.temperature, args.top_k, args.top_p)] + (args.sampling or [])
+        decoders = args.decoder or ["specbench"]
+        for name in decoders:
+            check_decoder_name(name)
+        if args.gamma < 1:
+            raise ValueError(f"--gamma={args.gamma}: must be >= 1")
     except ValueError as exc:
         parser.error(str(exc))
     target, draft, prompts, eos = load_audit_pair(args.pair)
@@ -771,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = prompts[: args.prompts]
     results, cache = [], {}
     for sampling in samplings:
-        for name in args.decoder or ["specbench"]:
+        for name in decoders:
             decoder = make_decoder(name, target, draft, args.gamma, sampling, eos, settings)
             result = run_audit(target, decoder, prompts, sampling, eos, settings, cache=cache)
             row = result.summary.iloc[0]

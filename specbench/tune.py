@@ -46,10 +46,12 @@ specbench.tune <storage> [--out DIR]`` rebuilds the table of every study in a st
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import os
+import random
 import re
 import socket
 import time
@@ -105,6 +107,7 @@ class TuneConfig:
     profile_gamma: int = 4  # γ of the short profile run that the cost model is fitted on
     profile_batches: int = 1
     profile_max_new_tokens: Optional[int] = None  # None: max_new_tokens
+    profile_ct: bool = True  # also time target forwards over k = 1..gamma_max+1 tokens (C_t(k))
     confidence: float = 0.95  # CI level; γ whose test p ≥ 1 - confidence are "indistinguishable"
 
     def __post_init__(self) -> None:
@@ -300,7 +303,7 @@ def _make_local_sampler(drafts: list[str], gamma_max: int, seed: int | None):
         """
 
         def __init__(self) -> None:
-            self._rng = optuna.samplers.RandomSampler(seed)._rng
+            self._rng = random.Random(seed)
             self._cache: dict[int, dict] = {}
 
         def infer_relative_search_space(self, study, trial):
@@ -342,7 +345,7 @@ def _make_local_sampler(drafts: list[str], gamma_max: int, seed: int | None):
                     tried = {c for t in study.get_trials(deepcopy=False) if (c := _config_of(t)) is not None}
                     untried = [(d, g) for d in drafts for g in range(1, gamma_max + 1) if (d, g) not in tried]
                     allc = untried or [(d, g) for d in drafts for g in range(1, gamma_max + 1)]
-                    c = allc[int(self._rng.rng.integers(len(allc)))]
+                    c = allc[self._rng.randrange(len(allc))]
                     prop = {"draft": c[0], "gamma": c[1]}
                 self._cache[trial.number] = prop
             return self._cache[trial.number][param_name]  # proposals lie in the current search space
@@ -410,9 +413,10 @@ class StudySpec:
         return [self.prompts[i : i + b] for i in range(0, len(self.prompts), b)]
 
 
-def _slug(text: str, n: int = 120) -> str:
-    s = re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_")
-    return s[:n] or "study"
+def _slug(text: str, n: int = 100) -> str:
+    """A directory name for a study: readable, filesystem-safe, unique (a hash of the full name)."""
+    s = re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_.")
+    return f"{s[:n] or 'study'}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
 def default_study_name(cfg, categories: str, batch_size: int, drafts: list[str]) -> str:
@@ -423,8 +427,6 @@ def default_study_name(cfg, categories: str, batch_size: int, drafts: list[str])
 
 def plan_studies(cfg, prompts: list) -> list[StudySpec]:
     """Studies of a run: per category (tune.split_categories) × per batch size."""
-    import random
-
     t = cfg.tune
     drafts = t.draft_kinds(cfg)
     groups: list[tuple[str, list]] = []
@@ -539,6 +541,24 @@ class _Runner:
         return rec, pd.concat(rounds, ignore_index=True), pd.concat(requests, ignore_index=True)
 
 
+def _bench_ct(runner: "_Runner", draft: str, spec: "StudySpec", gamma_max: int):
+    """C_t(k) for k = 1..gamma_max+1 at the study's batch size and mean prompt length
+    (`specbench.microbench`), labelled with the timing keys the cost model matches on."""
+    import pandas as pd
+
+    from specbench.job import job_keys
+    from specbench.microbench import bench_target_forward
+
+    pair = runner.pair(draft)
+    context = int(sum(len(p.ids) for p in spec.prompts) / max(1, len(spec.prompts)))
+    ct = pd.DataFrame(bench_target_forward(pair.target, spec.batch_size, range(1, gamma_max + 2), context,
+                                           seed=runner.cfg.seed))  # fmt: skip
+    keys = job_keys(runner.job_cfg(draft, 1, spec.batch_size), pair)
+    for k in ("hardware", "dtype", "target", "pair"):
+        ct[k] = keys[k]
+    return ct
+
+
 def _write_rows(job_dir: Path, rounds: list, requests: list, meta: dict) -> None:
     import pandas as pd
 
@@ -555,18 +575,20 @@ def _write_rows(job_dir: Path, rounds: list, requests: list, meta: dict) -> None
 # --------------------------------------------------------------------------- cost model
 
 
-def _fit_prediction(rounds_df, gamma_max: int) -> tuple[int, float, dict]:
+def _fit_prediction(rounds_df, gamma_max: int, ct=None) -> tuple[int, float, dict]:
     """(model-optimal γ, its predicted speedup, {γ: predicted speedup}) from round rows of one
-    setting (speculative + AR rows), with `specbench.costmodel`'s profiles and speedup model."""
+    setting (speculative + AR rows) and optional C_t(k) rows, with `specbench.costmodel`'s
+    acceptance and timing profiles and its speedup model."""
     from specbench import costmodel
 
     acc = costmodel.AcceptanceProfile.from_rounds(rounds_df)
-    tim = costmodel.TimingProfile.from_rounds(rounds_df, None, context=False)
+    tim = costmodel.TimingProfile.from_rounds(rounds_df, ct, context=False)
     pred = costmodel.predict_speedup(acc, tim, range(1, gamma_max + 1))
     curve = {str(int(g)): (float(s) if math.isfinite(s) else None) for g, s in zip(pred["gamma"], pred["speedup"])}
     g, s = costmodel.optimal_gamma(acc, tim, gamma_max)
     return int(g), float(s), {"curve": curve, "alpha": float(acc.alpha), "ct1": float(tim.ct1),
-                              "cd_per_token": float(tim.cd_per_token), "ct_k": tim.ct_k, "ct_t": tim.ct_t}
+                              "cd_per_token": float(tim.cd_per_token), "ct_k": tim.ct_k, "ct_t": tim.ct_t,
+                              "ct_source": tim.ct_source}  # fmt: skip
 
 
 def _prior_rows(cfg, spec: StudySpec, draft: str):
@@ -595,6 +617,16 @@ def _prior_rows(cfg, spec: StudySpec, draft: str):
     return match(rounds, True), match(requests, False)
 
 
+def _prior_ct(sweep_dir: str):
+    """The prior sweep's C_t(k) micro-benchmark rows (jobs with ct_bench=true), or None."""
+    from specbench import runstore
+
+    try:
+        return runstore.load_sweep(sweep_dir, "ct")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def model_choice(cfg, spec: StudySpec, runner: _Runner) -> tuple[dict, dict, list]:
     """The cost model's (draft, γ) for a new study, the reference AR rates and raw profile rows.
 
@@ -612,12 +644,13 @@ def model_choice(cfg, spec: StudySpec, runner: _Runner) -> tuple[dict, dict, lis
     frames: list = []
     best: tuple | None = None
     for draft in spec.drafts:
-        rounds_df = None
+        rounds_df, prior_ct = None, None
         if t.prior_sweep:
             try:
                 r, q = _prior_rows(cfg, spec, draft)
                 if len(r[r["decoder"] != AUTOREGRESSIVE]) and len(r[r["decoder"] == AUTOREGRESSIVE]):
                     rounds_df, model["source"] = r, f"prior_sweep:{t.prior_sweep}"
+                    prior_ct = _prior_ct(t.prior_sweep)
                     qa = q[q["decoder"] == AUTOREGRESSIVE]
                     if len(qa) and "max_new_tokens" in qa and (qa["max_new_tokens"] == cfg.max_new_tokens).any():
                         qa = qa[qa["max_new_tokens"] == cfg.max_new_tokens]
@@ -643,8 +676,13 @@ def model_choice(cfg, spec: StudySpec, runner: _Runner) -> tuple[dict, dict, lis
                 rows.append(rd)
                 frames.append((rd, qd))
             rounds_df = pd.concat(rows, ignore_index=True)
+        ct = prior_ct
+        if ct is None and t.profile_ct:
+            ct = _bench_ct(runner, draft, spec, t.gamma_max)
+            model["decode_s"] += float(ct["t_forward"].sum())
+            frames.append((None, ct))
         try:
-            g, s, fit = _fit_prediction(rounds_df, t.gamma_max)
+            g, s, fit = _fit_prediction(rounds_df, t.gamma_max, ct)
         except (ValueError, KeyError) as exc:
             log.warning("cost model fit failed for draft=%s (%s); falling back to γ=%d", draft, exc, t.profile_gamma)
             g, s, fit = min(t.profile_gamma, t.gamma_max), math.nan, {"curve": {}}
@@ -723,9 +761,15 @@ def open_study(cfg, spec: StudySpec, storage, runner: _Runner, sampler, pruner, 
             study.enqueue_trial({"draft": model["draft"], "gamma": model["gamma"]},
                                 user_attrs={"source": "cost_model"})  # fmt: skip
             study.set_user_attr("ready", True)
+            pdir = runner.out_dir / "trials" / _slug(spec.name)
             for i, (rd, qd) in enumerate(frames):
-                _write_rows(runner.out_dir / "trials" / _slug(spec.name) / f"profile-{i}", [rd], [qd],
-                            {"study": spec.name, "kind": "profile"})  # fmt: skip
+                if rd is None:  # C_t(k) micro-benchmark rows
+                    from specbench import runstore
+
+                    runstore.write_table(pdir / f"profile-ct-{i}", "ct", qd)
+                    runstore.mark_done(pdir / f"profile-ct-{i}", {"study": spec.name, "kind": "ct"})
+                else:
+                    _write_rows(pdir / f"profile-{i}", [rd], [qd], {"study": spec.name, "kind": "profile"})
             log.info("study %s created; cost model (%s) -> draft=%s γ=%d (predicted %.2f×), enqueued as trial 0",
                      spec.name, model["source"], model["draft"], model["gamma"], model["speedup"] or math.nan)
     for _ in range(600):  # the creator sets 'ready' right after enqueueing trial 0 (milliseconds)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: no hub, no retries
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 # One thread: tests are about correctness, not speed, and OpenMP threads that spin-wait
 # on a busy 2-core box (other tests, Hydra subprocesses) can slow a forward 100-fold.
 torch.set_num_threads(1)
