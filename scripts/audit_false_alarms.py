@@ -53,6 +53,7 @@ def report(label: str, fails: int, runs: int, seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100, help="full audits of the correct speculative decoder")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1")
     parser.add_argument("--calibration", type=int, default=1000, help="audits of exact draws from p (no model)")
     parser.add_argument("--calibration-mode", choices=["exact", "sample", "both"], default="exact")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -91,7 +92,7 @@ def main() -> None:
 
     if args.seeds:
         start, fails, worst = time.perf_counter(), 0, []
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             settings = AuditSettings(seed=seed, bootstrap=0)
             decoder = specbench_decoder(target, draft, args.gamma, sampling, set(), settings.batch_size)
             result = run_audit(target, decoder, prompts, sampling, set(), settings, cache=cache)

@@ -46,6 +46,10 @@ Efficiency: continuations are drawn in batches of copies of one prompt with one
 `torch.Generator` per batch; the B identical prompts are prefilled once and the row is
 copied (`SharedPrefillLM`: the same cache the per-row prefill builds, 1 forward instead of B).
 
+Calibration (scripts/audit_false_alarms.py, default settings, tiny pair, T=1 top-k=5): the
+correct speculative decoder FAILed 10 of 1000 seeds (1.0%); continuations drawn straight
+from the enumerated p FAILed 28 of 3000 audits in exact mode and 9 of 1000 in sample mode.
+
 `run_audit(...) -> AuditResult` is the core; `python -m specbench.audit` is the CLI
 (writes audit.md and audit.csv, exits 1 when any audit fails).
 """
@@ -56,7 +60,7 @@ import argparse
 import copy
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -437,7 +441,8 @@ def _views(stacked: np.ndarray, weights_for_prefix: np.ndarray, tokens: int, top
         for k in range(1, tokens):
             prefix_codes = _codes(stacked[:, :k])
             alive = stacked[:, k] != PAD  # the prefix did not end (EOS) before position k + 1
-            totals = np.bincount(prefix_codes[alive], weights=weights_for_prefix[alive], minlength=prefix_codes.max() + 1)
+            totals = np.bincount(prefix_codes[alive], weights=weights_for_prefix[alive],
+                                 minlength=prefix_codes.max() + 1)  # fmt: skip
             for code in np.argsort(-totals, kind="stable")[:top_prefixes]:
                 if totals[code] <= 0:
                     break

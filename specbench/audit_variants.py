@@ -3,12 +3,13 @@
 Each variant changes exactly one thing in the correct algorithm (`acceptance.rejection_sample`
 with `drafts.ModelDraft`), the kind of slip a real implementation makes:
 
-| name | bug |
-| --- | --- |
-| `p_not_residual` | at the first rejection, the recovered token is sampled from p instead of (p - q)+ |
-| `raw_q` | drafts are sampled from the processed q, but the q handed to the test is softmax(raw logits): temperature / top-k / top-p not folded in |
-| `keep_after_reject` | `accepted` counts every passed position, not only the leading run, so a rejected draft is committed when a later one passed |
-| `bonus_wrong_position` | the bonus token (all gamma accepted) is drawn from p[gamma - 1] instead of p[gamma] |
+* `p_not_residual`: at the first rejection the recovered token is sampled from p, not (p - q)+;
+* `raw_q`: drafts are sampled from the processed q, but the q handed to the acceptance test
+  is softmax(raw logits): temperature / top-k / top-p are not folded into it;
+* `keep_after_reject`: `accepted` counts every passed position, not only the leading run,
+  so a rejected draft is committed whenever a later one passed;
+* `bonus_wrong_position`: the bonus token (all gamma accepted) is drawn from p[gamma - 1]
+  instead of p[gamma].
 
 The rules have `rejection_sample`'s signature and plug into
 `speculative_decode(..., rule=...)`; `raw_q` is a draft (`RawLogitsQDraft`). Used by the

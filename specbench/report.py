@@ -503,6 +503,8 @@ def build_report(
         "hardware": ", ".join(map(str, sorted(rounds["hardware"].dropna().unique()))) if "hardware" in rounds else "–",
         "C_t source": "micro-benchmark table" if ct is not None and len(ct) else "rounds (fallback)",
     }
+    if "shape_only" in rounds and rounds["shape_only"].astype(bool).any():
+        meta["shape-only models"] = "random weights: timings are real, acceptance and speedups are NOT meaningful"
     title = title or "Speculative decoding report"
     md = _render_md(title, meta, sections)
     html_text = _render_html(title, meta, sections, out_dir)

@@ -96,8 +96,8 @@ class TuneConfig:
     sampler: str = "local"  # local | tpe | random | grid
     stop_when_converged: bool = True  # local: stop when every neighbour of the best was measured
     prune: bool = True
-    prune_after: int = 1  # prompt batches measured before a trial may be pruned
-    prune_margin: float = 0.10  # prune when ≥ this much worse than the best, on the same batches
+    prune_after: int = 2  # prompt batches measured before a trial may be pruned
+    prune_margin: float = 0.03  # prune when ≥ this much worse than the best, on the same batches
     batch_sizes: Optional[list[int]] = None  # one study per batch size; None: [batch_size]
     split_categories: bool = False  # one study per workload category (else one for the whole workload)
     max_prompts: Optional[int] = None  # a seeded sample of the workload per study; None: all prompts
@@ -106,7 +106,7 @@ class TuneConfig:
     prior_sweep: Optional[str] = None  # runs/<sweep> to fit the cost model on, instead of a profile run
     profile_gamma: int = 4  # γ of the short profile run that the cost model is fitted on
     profile_batches: int = 1
-    profile_max_new_tokens: Optional[int] = None  # None: max_new_tokens
+    profile_max_new_tokens: Optional[int] = 32  # the short profile run (capped at max_new_tokens); None: max_new_tokens
     profile_ct: bool = True  # also time target forwards over k = 1..gamma_max+1 tokens (C_t(k))
     confidence: float = 0.95  # CI level; γ whose test p ≥ 1 - confidence are "indistinguishable"
 
@@ -667,8 +667,9 @@ def model_choice(cfg, spec: StudySpec, runner: _Runner) -> tuple[dict, dict, lis
             runner.warmup(draft, spec.batches)
             rows = []
             for i, b in enumerate(spec.batches[: t.profile_batches]):
-                rec, rd, qd = runner.measure(draft, t.profile_gamma, spec.batch_size, i, b, 0,
-                                             t.profile_max_new_tokens, job=f"profile-{draft}")  # fmt: skip
+                n = min(t.profile_max_new_tokens or cfg.max_new_tokens, cfg.max_new_tokens)
+                rec, rd, qd = runner.measure(draft, t.profile_gamma, spec.batch_size, i, b, 0, n,
+                                             job=f"profile-{draft}")  # fmt: skip
                 m = record_metrics(rec)
                 model["decode_s"] += m["seconds"]
                 ar_tok, ar_wall = ar_tok + m["ar_tokens"], ar_wall + m["ar_wall"]

@@ -17,7 +17,6 @@ from specbench.audit import (
     TINY_PROMPTS,
     AuditSettings,
     SharedPrefillLM,
-    autoregressive_decoder,
     detectable_tv,
     exact_distribution,
     gof_test,
