@@ -19,22 +19,30 @@ Objective (``tune.objective``), computed per prompt batch b from the paired runs
   percentile over requests.
 
 Search: γ ∈ [1, tune.gamma_max] and, when ``tune.drafts`` lists several kinds, the draft.
-The cost model's optimal (draft, γ) is enqueued as trial 0: fitted on a short profile
-run (one batch at ``tune.profile_gamma`` with its paired baseline) or on a prior sweep
-(``tune.prior_sweep=runs/<sweep>``). The default sampler ``local`` climbs from there
-(neighbours γ±1 and the other drafts at the same γ, ordered by the model's prediction)
-and stops when every neighbour of the best trial has been measured; ``tpe``, ``random``
-and ``grid`` (brute force) are Optuna's own samplers. Per-batch values are reported as
-intermediate values; a trial whose per-batch values are, on the same batches, worse than
-the best trial's by more than ``tune.prune_margin`` (median of the paired ratios) is
-pruned. Raw per-batch measurements (token counts, wall times) are stored as the trial's
-user attribute ``batches``; the recommendation is recomputed from those.
+The cost model's optimal (draft, γ) is enqueued as trial 0: `specbench.costmodel`'s
+acceptance and timing profiles and speedup model, fitted on a profile run (one batch at
+``tune.profile_gamma`` with its paired baseline, plus a C_t(k) micro-benchmark for
+k = 1..gamma_max+1) or on a prior sweep (``tune.prior_sweep=runs/<sweep>``). The default
+sampler ``local`` climbs from there (neighbours γ±1 and the other drafts at the same γ,
+ordered by the model's predicted speedup) and stops when every neighbour of the best
+trial has been measured; ``tpe``, ``random`` and ``grid`` (brute force) are Optuna's own.
+Per-batch values are reported as intermediate values; after ``tune.prune_after`` batches
+a trial whose median ratio to the best complete trial *on the same batches* is worse
+than 1 - ``tune.prune_margin`` is pruned (a racing rule: a configuration that does not
+keep up with the incumbent on the first prompts is dropped; gentler than a MedianPruner).
+Raw per-batch measurements (token counts, wall times of both decoders) are stored as the
+trial's user attribute ``batches``; the recommendation is recomputed from those, and
+alternatives whose per-batch values do not differ from the chosen one's (Mann-Whitney
+p ≥ 1 - ``tune.confidence``) are reported as indistinguishable ("γ=5 ≈ γ=4 (p=0.69)").
 
 Storage: ``sqlite:///<runs_dir>/tune/optuna.db`` by default; any RDB URL, or
 ``journal:<path>`` (also a bare path ending in .journal/.log) for Optuna's journal file
 storage. Studies are shared: several workers (processes, machines on a shared disk or
 database) may run the same command; ``tune.n_trials`` counts *finished* (complete or
-pruned) trials of the study, so a re-run resumes and only runs the remainder.
+pruned) trials of the study, so a re-run resumes and only runs the remainder (workers
+racing for the last trials may overshoot by one each). Exactly one worker creates a study
+(``create_study(load_if_exists=False)``; the others get DuplicatedStudyError and load it),
+enqueues trial 0 and marks the study ready; the others wait for that mark.
 Browse with ``optuna-dashboard sqlite:///runs/tune/optuna.db``.
 
 Output (the Hydra job dir, ``runs/tune/<overrides>/``): recommendations.{csv,json,md},
@@ -106,7 +114,7 @@ class TuneConfig:
     prior_sweep: Optional[str] = None  # runs/<sweep> to fit the cost model on, instead of a profile run
     profile_gamma: int = 4  # γ of the short profile run that the cost model is fitted on
     profile_batches: int = 1
-    profile_max_new_tokens: Optional[int] = 32  # the short profile run (capped at max_new_tokens); None: max_new_tokens
+    profile_max_new_tokens: Optional[int] = None  # tokens of the profile run (capped at max_new_tokens); None: max_new_tokens
     profile_ct: bool = True  # also time target forwards over k = 1..gamma_max+1 tokens (C_t(k))
     confidence: float = 0.95  # CI level; γ whose test p ≥ 1 - confidence are "indistinguishable"
 
@@ -508,8 +516,9 @@ class _Runner:
                 self.warmup_s += max((q.wall_time for q in r.requests), default=0.0)
 
     def measure(self, draft: str, gamma: int, batch_size: int, batch_index: int, batch: list, repeat: int,
-                max_new_tokens: int | None = None, job: str = "trial"):  # fmt: skip
-        """One paired record: AR and speculative decoding of one batch, same seed, order alternating."""
+                max_new_tokens: int | None = None):  # fmt: skip
+        """One paired record: AR and speculative decoding of one batch, same seed, order alternating;
+        plus its raw round and request rows (the `job` column comes from the run-store directory)."""
         import pandas as pd
 
         from specbench.job import _label, decode_batch, job_keys
@@ -526,8 +535,8 @@ class _Runner:
             r = decode_batch(c, pair, dec, [p.ids for p in batch], seed, c.max_new_tokens)
             res[dec] = r
             extra = {"decoder": dec, "repeat": repeat, "batch": batch_index, "gamma": gamma if dec != AUTOREGRESSIVE else 0}
-            rounds.append(_label(to_frame(r.rounds, ROUND_COLUMNS), batch, keys, extra).assign(job=job))
-            requests.append(_label(to_frame(r.requests, REQUEST_COLUMNS), batch, keys, extra).assign(job=job))
+            rounds.append(_label(to_frame(r.rounds, ROUND_COLUMNS), batch, keys, extra))
+            requests.append(_label(to_frame(r.requests, REQUEST_COLUMNS), batch, keys, extra))
 
         def side(r):
             reqs = sorted(r.requests, key=lambda q: q.row)
@@ -668,8 +677,7 @@ def model_choice(cfg, spec: StudySpec, runner: _Runner) -> tuple[dict, dict, lis
             rows = []
             for i, b in enumerate(spec.batches[: t.profile_batches]):
                 n = min(t.profile_max_new_tokens or cfg.max_new_tokens, cfg.max_new_tokens)
-                rec, rd, qd = runner.measure(draft, t.profile_gamma, spec.batch_size, i, b, 0, n,
-                                             job=f"profile-{draft}")  # fmt: skip
+                rec, rd, qd = runner.measure(draft, t.profile_gamma, spec.batch_size, i, b, 0, n)
                 m = record_metrics(rec)
                 model["decode_s"] += m["seconds"]
                 ar_tok, ar_wall = ar_tok + m["ar_tokens"], ar_wall + m["ar_wall"]
@@ -802,7 +810,7 @@ def _run_trial(cfg, spec: StudySpec, study, trial, runner: _Runner, acc: dict) -
     records = acc["records"]
     for i, batch in enumerate(spec.batches):
         for rep in range(cfg.repeats):
-            rec, rd, qd = runner.measure(draft, gamma, spec.batch_size, i, batch, rep, job=f"trial-{trial.number}")
+            rec, rd, qd = runner.measure(draft, gamma, spec.batch_size, i, batch, rep)
             records.append(rec)
             acc["rounds"].append(rd)
             acc["requests"].append(qd)
