@@ -74,9 +74,11 @@ class _Batch:
 
 
 def _start(
-    target: CachedLM, prompts: list[list[int]], max_new_tokens: int, eos: set[int], sampling, generator, timer
+    target: CachedLM, prompts: list[list[int]], max_new_tokens: int, eos: set[int], sampling, generator, timer,
+    draft: Draft | None = None,
 ) -> tuple[_Batch, int, int]:
-    """Prefill the target and commit the first token from its distribution (TTFT ends here)."""
+    """Prefill the target (and the draft: its prefill is part of the time to first token)
+    and commit the first token from the target's distribution (TTFT ends here)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -85,6 +87,8 @@ def _start(
     batch.active = list(range(len(prompts)))
     start = timer.mark()
     p0 = process_logits(target.prefill(batch.seqs), sampling)
+    if draft is not None:
+        draft.prefill(batch.seqs)
     (first,) = to_host(sample(p0, generator))
     first_mark = timer.mark()
     for row, tok in enumerate(first):
@@ -130,9 +134,8 @@ def speculative_decode(
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma={gamma!r}: must be an integer >= 1")
     timer = timer or PhaseTimer(target.device)
-    batch, start, first_mark = _start(target, prompts, max_new_tokens, eos_token_ids, sampling, generator, timer)
-    batch.drop_finished(target)
-    draft.prefill([batch.seqs[r] for r in batch.active])
+    batch, start, first_mark = _start(target, prompts, max_new_tokens, eos_token_ids, sampling, generator, timer, draft)
+    batch.drop_finished(target, draft)
     pending: list[tuple] = []
     n_round = 0
     while batch.active:
