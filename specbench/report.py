@@ -148,7 +148,7 @@ def _grid(n: int, w: float = 4.6, h: float = 3.4, ncols: int = 3):
 def plot_acceptance(acc: pd.DataFrame, max_lines: int = 10):
     if acc.empty:
         return None, "acceptance by position: no speculative rounds"
-    keys = _varying(acc, cm.ACCEPTANCE_KEYS)
+    keys = _varying(acc, [*cm.ACCEPTANCE_KEYS, "category"])
     groups = list(cm._iter_groups(acc, keys))
     note = None
     if len(groups) > max_lines:
@@ -229,7 +229,7 @@ def plot_speedup(svm: pd.DataFrame, curves: dict, max_panels: int = 9):
         ax.set_title(_label(kd, keys), fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle("Speedup vs γ (decode phase: wall − TTFT): measured vs cost model")
+    fig.suptitle("Decode speedup vs γ: measured vs cost model")
     return fig, note
 
 
@@ -427,6 +427,10 @@ def build_report(
     if has_spec:
         acc = cm.acceptance_by_position(rounds)
         add_fig(s, plot_acceptance(acc), "acceptance_by_position.png", "Per-position acceptance with 95% CI.")
+        if "category" in rounds and rounds["category"].nunique() > 1:  # one workload, several kinds of traffic
+            by_cat = cm.acceptance_by_position(rounds, by=[*cm.ACCEPTANCE_KEYS, "category"])
+            add_fig(s, plot_acceptance(by_cat), "acceptance_by_category.png",
+                    "Per-position acceptance with 95% CI, per prompt category.")
         cmp_df = cm.compare_accept_length_models(rounds)
         add_fig(s, plot_accept_length(cmp_df), "accept_length_vs_gamma.png",
                 "E[N] vs γ: measured vs the two acceptance models.")
