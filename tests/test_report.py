@@ -17,7 +17,7 @@ from specbench import report
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ALL_FIGURES = {"acceptance_by_position.png", "accept_length_vs_gamma.png", "cost_breakdown.png", "ct_k.png",
+ALL_FIGURES = {"acceptance_by_position.png", "acceptance_by_category.png", "accept_length_vs_gamma.png", "cost_breakdown.png", "ct_k.png",
                "speedup_vs_gamma.png", "tokens_per_second.png"}
 
 
