@@ -82,9 +82,7 @@ class SamplingSpec:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        from specbench.sampling import SamplingConfig
-
-        SamplingConfig(float(self.temperature), self.top_k, float(self.top_p))  # validates
+        self.build()  # SamplingConfig validates
 
     def build(self):
         from specbench.sampling import SamplingConfig

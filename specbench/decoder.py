@@ -113,6 +113,23 @@ def _requests(batch: _Batch, seconds: list[float], start: int, first_mark: int) 
     ]
 
 
+def _round_records(pending: list[tuple], seconds: list[float], gamma: int) -> list[RoundRecord]:
+    """One RoundRecord per (round, row) from the marks a decode loop kept (gamma 0 = baseline)."""
+    rounds = []
+    for n, rows, accepted, committed, context, (m0, m1, m2, m3), syncs in pending:
+        t_draft, t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m1], seconds[m3] - seconds[m0]
+        for i, row in enumerate(rows):
+            extra = AUTOREGRESSIVE_STEP if gamma == 0 else BONUS if accepted[i] == gamma else RECOVERED
+            rounds.append(
+                RoundRecord(
+                    round=n, row=row, gamma=gamma, accepted=accepted[i], extra=extra, committed=committed[i],
+                    n_active=len(rows), context_len=context[i], t_draft=t_draft, t_verify=t_verify,
+                    t_overhead=t_round - t_draft - t_verify, t_round=t_round, host_syncs=syncs,
+                )
+            )  # fmt: skip
+    return rounds
+
+
 def speculative_decode(
     target: CachedLM,
     draft: Draft,
@@ -152,7 +169,7 @@ def speculative_decode(
         # The one host sync a round needs: accepted counts, extra tokens and drafts in one copy.
         accepted, extra, drafted = to_host(result.accepted, result.extra_token, drafts.to(p.device))
         target.keep_last_fed(gamma + 1, result.accepted + 1, [a + 1 for a in accepted])
-        draft.commit(result.accepted.to(getattr(draft, "device", result.accepted.device)), accepted)
+        draft.commit(result.accepted, accepted)  # target, draft and sampling share one device
         rows = list(batch.active)
         committed = [batch.commit(row, drafted[i][: accepted[i]] + [extra[i]]) for i, row in enumerate(rows)]
         if on_round is not None:
@@ -163,19 +180,7 @@ def speculative_decode(
         pending.append((n_round, rows, accepted, committed, context, (m0, m1, m2, m3), host_syncs() - syncs0))
         n_round += 1
     seconds = timer.resolve()
-    rounds = []
-    for n, rows, accepted, committed, context, (m0, m1, m2, m3), syncs in pending:
-        t_draft, t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m1], seconds[m3] - seconds[m0]
-        for i, row in enumerate(rows):
-            rounds.append(
-                RoundRecord(
-                    round=n, row=row, gamma=gamma, accepted=accepted[i],
-                    extra=BONUS if accepted[i] == gamma else RECOVERED,
-                    committed=committed[i], n_active=len(rows), context_len=context[i],
-                    t_draft=t_draft, t_verify=t_verify, t_overhead=t_round - t_draft - t_verify, t_round=t_round,
-                    host_syncs=syncs,
-                )
-            )  # fmt: skip
+    rounds = _round_records(pending, seconds, gamma)
     new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]
     return DecodeResult(new, rounds, _requests(batch, seconds, start, first_mark))
 
@@ -208,19 +213,10 @@ def autoregressive_decode(
         batch.drop_finished(target)
         m2 = timer.mark()
         batch.stamp(m2)
-        pending.append((n_round, rows, context, (m0, m1, m2), host_syncs() - syncs0))
+        # No draft phase: its end mark is the round's start, so t_draft is exactly 0.
+        pending.append((n_round, rows, [0] * len(rows), [1] * len(rows), context, (m0, m0, m1, m2), host_syncs() - syncs0))
         n_round += 1
     seconds = timer.resolve()
-    rounds = []
-    for n, rows, context, (m0, m1, m2), syncs in pending:
-        t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m0]
-        for i, row in enumerate(rows):
-            rounds.append(
-                RoundRecord(
-                    round=n, row=row, gamma=0, accepted=0, extra=AUTOREGRESSIVE_STEP, committed=1,
-                    n_active=len(rows), context_len=context[i], t_draft=0.0, t_verify=t_verify,
-                    t_overhead=t_round - t_verify, t_round=t_round, host_syncs=syncs,
-                )
-            )  # fmt: skip
+    rounds = _round_records(pending, seconds, gamma=0)
     new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]
     return DecodeResult(new, rounds, _requests(batch, seconds, start, first_mark))

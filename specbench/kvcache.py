@@ -169,7 +169,7 @@ class CachedLM:
             keep = to_device(keep_host, self.device)
         length = self.mask.shape[1]
         column = torch.arange(length, device=self.device)[None, :]
-        rejected = (column >= length - fed + keep[:, None]) & (column >= length - fed)
+        rejected = column >= length - fed + keep[:, None]  # keep >= 0: only the fed columns
         self.mask = self.mask & ~rejected
         self.n_valid = self.n_valid - (fed - keep)
         for row, k in enumerate(keep_host):

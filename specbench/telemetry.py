@@ -22,11 +22,16 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from specbench.decoder import DecodeResult
 
 SAMPLE_COLUMNS = [
     "t",  # seconds since the block started (perf_counter)
@@ -156,12 +161,8 @@ class GpuTelemetry:
         self.stop()
 
     def _shutdown(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
-            self._nvml = None
+        _nvml_shutdown(self._nvml)
+        self._nvml = None
 
     # ---------------------------------------------------------------- sampling
     def _loop(self) -> None:
@@ -260,3 +261,108 @@ class GpuTelemetry:
         if self.sampling_error:
             out["sampling_error"] = self.sampling_error
         return out
+
+
+def _nvml_shutdown(pynvml: Any) -> None:
+    """Release NVML if it was initialised; shutting down is best effort."""
+    if pynvml is not None:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+TELEMETRY_INTERVAL_S = 0.1
+
+
+class JobTelemetry:
+    """GPU telemetry of a job's measured decoding (not the warm-up), never an error.
+
+    Each measured decode call runs under its own `GpuTelemetry` (a sampling thread), so
+    the NVML energy counter gives each decoder's exact energy: `telemetry.json` holds
+    per-decoder energy, energy per generated token (whole call, prefill included),
+    power, utilisation and clocks, plus one entry per call; `telemetry.parquet` holds
+    the raw samples labelled with decoder/repeat/batch/call. `write()` returns the
+    compact entry for done.json. Without CUDA or NVML: `{"available": False, "reason"}`
+    (and an empty samples table).
+    """
+
+    def __init__(self, device: str, interval_s: float = TELEMETRY_INTERVAL_S) -> None:
+        self.device, self.interval_s = device, interval_s
+        self.calls: list[dict] = []
+        self.samples: list[pd.DataFrame] = []
+        self.reason = None if str(device).startswith("cuda") else f"not applicable: device {device!r} is not CUDA"
+        self._nvml = None
+        if self.reason is None:
+            try:  # hold NVML open for the job, so each call's nvmlInit is cheap
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            except Exception:
+                pass  # GpuTelemetry records why
+
+    def run(self, decode: Callable[[], DecodeResult], **labels) -> DecodeResult:
+        """Run one measured decode call, sampling NVML while it runs (a no-op off CUDA)."""
+        if self.reason is not None:
+            return decode()
+        with GpuTelemetry(self.device, self.interval_s) as tel:
+            result = decode()
+        new_tokens = sum(r.new_tokens for r in result.requests)
+        self.calls.append({**labels, "call": len(self.calls), **tel.summary(new_tokens=new_tokens)})
+        self.samples.append(tel.samples.assign(**labels, call=len(self.calls) - 1))
+        return result
+
+    def summary(self) -> dict:
+        ok = [c for c in self.calls if c.get("available")]
+        if self.reason is not None or not ok:
+            reason = self.reason or next((c["reason"] for c in self.calls), "no measured decode calls")
+            return {"available": False, "reason": reason}
+
+        def total(cs: list[dict], key: str) -> float | None:
+            values = [c.get(key) for c in cs]
+            return None if any(v is None for v in values) else float(sum(values))
+
+        def weighted(cs: list[dict], key: str) -> float | None:
+            pairs = [(c[key], c["duration_s"]) for c in cs if c.get(key) is not None and c.get("duration_s")]
+            seconds = sum(d for _, d in pairs)
+            return sum(v * d for v, d in pairs) / seconds if seconds else None
+
+        def block(cs: list[dict]) -> dict:
+            energy, tokens = total(cs, "energy_j"), int(sum(c["new_tokens"] for c in cs))
+            return {
+                "calls": len(cs), "new_tokens": tokens, "duration_s": total(cs, "duration_s"), "energy_j": energy,
+                "energy_per_token_j": energy / tokens if energy is not None and tokens else None,
+                "power_mean_w": weighted(cs, "power_mean_w"),
+                "power_max_w": max((c["power_max_w"] for c in cs if c.get("power_max_w") is not None), default=None),
+                "sm_util_mean_pct": weighted(cs, "sm_util_mean_pct"),
+                "mem_util_mean_pct": weighted(cs, "mem_util_mean_pct"),
+                "sm_clock_mean_mhz": weighted(cs, "sm_clock_mean_mhz"),
+                "mem_used_max_bytes": max((c["mem_used_max_bytes"] for c in cs
+                                           if c.get("mem_used_max_bytes") is not None), default=None),
+            }  # fmt: skip
+
+        decoders = sorted({c["decoder"] for c in ok})
+        return {
+            "available": True, "device_name": ok[0].get("device_name"), "device_index": ok[0].get("device_index"),
+            "interval_s": self.interval_s, "energy_source": sorted({str(c.get("energy_source")) for c in ok}),
+            "unavailable_calls": len(self.calls) - len(ok), **block(ok),
+            "decoders": {d: block([c for c in ok if c["decoder"] == d]) for d in decoders},
+        }  # fmt: skip
+
+    def write(self, job_dir: Path) -> dict:
+        """telemetry.json + telemetry.parquet; returns the compact entry for done.json."""
+        _nvml_shutdown(self._nvml)
+        self._nvml = None
+        summary = self.summary()
+        from specbench import runstore
+
+        runstore.write_json(job_dir, "telemetry", {**summary, "calls": self.calls})
+        labels = ["decoder", "repeat", "batch", "call"]
+        samples = pd.concat(self.samples, ignore_index=True) if self.samples else pd.DataFrame(columns=SAMPLE_COLUMNS + labels)
+        runstore.write_table(job_dir, "telemetry", samples)
+        if not summary["available"]:
+            return summary
+        keep = ("available", "device_name", "energy_j", "new_tokens", "energy_per_token_j", "power_mean_w")
+        return {**{k: summary[k] for k in keep},
+                "energy_per_token_j_by_decoder": {d: b["energy_per_token_j"] for d, b in summary["decoders"].items()}}

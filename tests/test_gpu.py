@@ -20,7 +20,8 @@ from specbench import kvcache, runstore
 from specbench.config import Config, DraftConfig, ModelConfig, PairConfig, WorkloadConfig
 from specbench.decoder import autoregressive_decode, speculative_decode
 from specbench.drafts import ModelDraft, NgramDraft
-from specbench.job import JobTelemetry, run_job
+from specbench.job import run_job
+from specbench.telemetry import JobTelemetry
 from specbench.kvcache import CachedLM
 from specbench.sampling import SamplingConfig, exponential_race, sample
 from specbench.timing import PhaseTimer, host_syncs, to_device, to_host
