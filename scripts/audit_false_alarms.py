@@ -34,7 +34,7 @@ from specbench.audit import (
     specbench_decoder,
     tiny_pair,
 )
-from specbench.sampling import SamplingConfig
+from specbench.decoding.sampling import SamplingConfig
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:

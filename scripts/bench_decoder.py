@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from specbench.runstore import load_sweep
+from specbench.bench.runstore import load_sweep
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ again in float32, so a numerics near-tie (DESIGN.md: bf16 verification of k toke
 one-at-a-time decoding round differently) is told apart from a bug. Exit status 1 when
 a float32 case diverges at a token whose float32 margin is not a tie.
 
-`ct`: the C_t(k) micro-benchmark (`specbench.microbench`, which every job also runs at
+`ct`: the C_t(k) micro-benchmark (`specbench.bench.microbench`, which every job also runs at
 its own batch size and context) for a shape-only target at any batch sizes and context,
 standalone: writes the table `python -m specbench.report --ct` and
 `costmodel.TimingProfile` read (hardware, dtype, target, batch_size, k, context_len,
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import torch
 
-from specbench.decoder import autoregressive_decode, speculative_decode
-from specbench.drafts import ModelDraft, NgramDraft
-from specbench.envinfo import hardware_label
-from specbench.kvcache import CachedLM
-from specbench.sampling import SamplingConfig
-from specbench.shapes import build_shape_only_model, shape_config
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.drafts import ModelDraft, NgramDraft
+from specbench.bench.envinfo import hardware_label
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.sampling import SamplingConfig
+from specbench.models.shapes import build_shape_only_model, shape_config
 
 GREEDY = SamplingConfig()
 # A float32 divergence whose float32 margin is at most this is a numerics tie, not a bug.
@@ -173,7 +173,7 @@ def ct_bench(shape: str, dtype: torch.dtype, device: torch.device, batch_sizes: 
     with the keys the cost model matches on (what a job's own ct.parquet holds)."""
     import pandas as pd
 
-    from specbench.microbench import bench_target_forward
+    from specbench.bench.microbench import bench_target_forward
 
     config = shape_config(shape, **({"num_hidden_layers": layers} if layers else {}))
     model = build_shape_only_model(config, dtype=dtype, device=device, seed=seed)

@@ -169,8 +169,8 @@ for name in ("hydra-core", "omegaconf", "optuna", "transformers", "torch", "nvid
         print(f"  {name} MISSING ({e})")
 import hydra, omegaconf, optuna, platformdirs  # noqa: F401  the app and tuner need them
 import torch
-from specbench.kvcache import CachedLM
-from specbench.shapes import build_shape_only_model
+from specbench.decoding.kvcache import CachedLM
+from specbench.models.shapes import build_shape_only_model
 device = "cuda" if sys.argv[1] == "gpu" else "cpu"
 model = build_shape_only_model("tiny-llama", dtype=torch.float32, device=device)
 ids = [[5, 6, 7, 8, 9, 10]]
@@ -215,7 +215,7 @@ sweep() {
   "$PY" - "$WORK/runs/gpu_check" <<'EOF'
 import sys
 import pandas as pd
-from specbench import runstore
+from specbench.bench import runstore
 sweep = sys.argv[1]
 done, failed = runstore.list_jobs(sweep), runstore.load_failures(sweep)
 print(f"jobs done: {len(done)}, failed: {len(failed)}")
@@ -237,7 +237,7 @@ report() {
 
 pack() {
   [ -f "$WORK/report/report.md" ] && cp "$WORK/report/report.md" "$OUTDIR/report.md"
-  "$PY" -c "from specbench.runstore import load_sweep; import sys; load_sweep(sys.argv[1], 'ct').to_csv(sys.argv[2], index=False)" \
+  "$PY" -c "from specbench.bench.runstore import load_sweep; import sys; load_sweep(sys.argv[1], 'ct').to_csv(sys.argv[2], index=False)" \
     "$WORK/runs/gpu_check" "$OUTDIR/ct.csv" 2>/dev/null || echo "no C_t table to export"
   local parts=()
   for p in runs report steps.tsv; do [ -e "$WORK/$p" ] && parts+=("$p"); done

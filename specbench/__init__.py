@@ -8,7 +8,7 @@ __all__ = ["DecodeOutput", "decode"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: `import specbench.runstore` must not pay for torch and transformers.
+    # Lazy: `import specbench.bench.runstore` must not pay for torch and transformers.
     if name in __all__:
         from specbench import api
 

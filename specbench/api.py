@@ -8,13 +8,14 @@ import pandas as pd
 import torch
 
 from specbench.config import DraftConfig, ModelConfig, PairConfig
-from specbench.decoder import autoregressive_decode, speculative_decode
-from specbench.kvcache import CachedLM
-from specbench.pair import load_pair
-from specbench.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
-from specbench.sampling import SamplingConfig
-from specbench.timing import PhaseTimer
-from specbench.workloads import Prompt, render_prompt
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.kvcache import CachedLM
+from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.pair import load_pair
+from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
+from specbench.decoding.sampling import SamplingConfig
+from specbench.decoding.timing import PhaseTimer
+from specbench.bench.workloads import Prompt, render_prompt
 
 
 @dataclass
@@ -51,9 +52,9 @@ def decode(
     pair_cfg = PairConfig(
         name="api", target=ModelConfig(source=target), draft=ModelConfig(source=draft_model), dtype=dtype, device=device
     )
-    draft_cfg = DraftConfig(kind=draft)
-    if draft == "model" and not draft_model:
-        raise ValueError("draft='model' needs draft_model (a model id, .gguf file or directory)")
+    draft_cfg = DraftConfig(kind=draft)  # validates the kind against DRAFT_KINDS
+    if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
+        raise ValueError(f"draft={draft!r} needs draft_model (a model id, .gguf file or directory)")
     pair = load_pair(pair_cfg, draft_cfg)
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     if chat_template:

@@ -48,7 +48,7 @@ def main(cfg: DictConfig) -> None:
 
         run_tune(config, job_dir)
         return
-    from specbench.job import run_job  # heavy imports after validation
+    from specbench.bench.job import run_job  # heavy imports after validation
 
     try:
         ran = run_job(config, job_dir, OmegaConf.to_yaml(cfg, resolve=True))
@@ -64,7 +64,8 @@ def main(cfg: DictConfig) -> None:
 
 
 def _summary(sweep_dir: Path) -> str:
-    from specbench import costmodel, runstore
+    from specbench import costmodel
+    from specbench.bench import runstore
 
     requests = runstore.load_sweep(sweep_dir, "requests")
     rounds = runstore.load_sweep(sweep_dir, "rounds")

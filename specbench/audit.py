@@ -69,11 +69,11 @@ import torch
 from scipy import optimize, stats
 from transformers import PreTrainedModel
 
-from specbench.acceptance import rejection_sample
-from specbench.decoder import autoregressive_decode, speculative_decode
-from specbench.drafts import ModelDraft
-from specbench.kvcache import CachedLM
-from specbench.sampling import SamplingConfig, process_logits
+from specbench.decoding.acceptance import rejection_sample
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.drafts import ModelDraft
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.sampling import SamplingConfig, process_logits
 
 PAD = -1  # token slot after EOS ended a continuation
 REFERENCES = ("auto", "exact", "sample")
@@ -227,8 +227,8 @@ def hf_assisted_decoder(
     eos_token_ids: set[int] = frozenset(),
 ) -> DecoderUnderTest:
     """transformers' assisted generation, one continuation per `generate` call (batch size 1)."""
-    from specbench.hf_assisted import hf_assisted_decode
-    from specbench.timing import PhaseTimer
+    from specbench.decoding.hf_assisted import hf_assisted_decode
+    from specbench.decoding.timing import PhaseTimer
 
     def sample(prompt, n, tokens, seed):
         timer = PhaseTimer(target_model.device)
@@ -681,7 +681,7 @@ def tiny_pair(
     token; weight noise of 0.1 x each matrix's std gives an acceptance rate of about 0.7
     at T=1 (0.65-0.75 with top-k 5), so every broken variant changes the output noticeably.
     """
-    from specbench.shapes import build_shape_only_model, shape_config
+    from specbench.models.shapes import build_shape_only_model, shape_config
 
     config = shape_config("tiny-llama", vocab_size=vocab_size, initializer_range=init_std, hidden_size=32,
                           intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
@@ -701,8 +701,8 @@ def load_audit_pair(name: str) -> tuple[PreTrainedModel, PreTrainedModel, list[l
         target, draft = tiny_pair()
         return target, draft, [list(p) for p in TINY_PROMPTS], set()
     if name == "embedded":
-        from specbench.models import eos_ids, load_model
-        from specbench.quant import quantize_w8a16
+        from specbench.models.loading import eos_ids, load_model
+        from specbench.models.quant import quantize_w8a16
 
         target, tokenizer = load_model("embedded", dtype="float32")
         prompts = [tokenizer(t)["input_ids"] for t in EMBEDDED_PROMPTS]

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.acceptance import Acceptance, acceptance_probability, rejection_sample, residual
-from specbench.drafts import Draft, ModelDraft
-from specbench.sampling import process_logits, sample
+from specbench.decoding.acceptance import Acceptance, acceptance_probability, rejection_sample, residual
+from specbench.decoding.drafts import Draft, ModelDraft
+from specbench.decoding.sampling import process_logits, sample
 
 
 def _passed(draft_tokens, q, p, generator, uniforms) -> torch.Tensor:

@@ -12,12 +12,12 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.tune import TuneConfig
 
-DRAFT_KINDS = ("model", "w8a16", "ngram")
 DECODERS = ("specbench", "hf_assisted")
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
-DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # the one list; models.loading maps them
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
@@ -67,7 +67,7 @@ class DraftConfig:
     min_ngram: int = 1
 
     def __post_init__(self) -> None:
-        _choice("draft.kind", self.kind, DRAFT_KINDS)
+        DRAFT_KINDS.get(self.kind, "draft.kind")
         _at_least("draft.min_ngram", self.min_ngram, 1)
         _at_least("draft.max_ngram", self.max_ngram, self.min_ngram)
 
@@ -85,7 +85,7 @@ class SamplingSpec:
         self.build()  # SamplingConfig validates
 
     def build(self):
-        from specbench.sampling import SamplingConfig
+        from specbench.decoding.sampling import SamplingConfig
 
         return SamplingConfig(float(self.temperature), self.top_k, float(self.top_p))
 
@@ -148,14 +148,17 @@ class Config:
             _at_least("threads", self.threads, 1)
         if self.decoder == "hf_assisted" and self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size}: decoder='hf_assisted' supports batch_size=1 only")
-        if self.draft.kind == "model" and not (self.pair.draft.source or self.pair.draft.shape):
+        kind = DRAFT_KINDS.get(self.draft.kind, "draft.kind")
+        if kind.uses_pair_draft and not (self.pair.draft.source or self.pair.draft.shape):
+            others = [k for k in DRAFT_KINDS.names() if not DRAFT_KINDS.get(k).uses_pair_draft]
             raise ValueError(
-                f"draft.kind='model' needs pair.draft.source (or pair.draft.shape); pair {self.pair.name!r} has none. "
-                f"Pick draft=w8a16 or draft=ngram, or a pair with a draft model"
+                f"draft.kind={self.draft.kind!r} needs pair.draft.source (or pair.draft.shape); pair {self.pair.name!r} "
+                f"has none. Pick draft={' or draft='.join(others)}, or a pair with a draft model"
             )
-        if self.decoder == "hf_assisted" and self.draft.kind == "ngram":
-            raise ValueError("draft.kind='ngram' with decoder='hf_assisted': transformers' assisted generation "
-                             "needs a draft model; use draft=w8a16 or draft=model")
+        if self.decoder == "hf_assisted" and not kind.has_model:
+            with_model = [k for k in DRAFT_KINDS.names() if DRAFT_KINDS.get(k).has_model]
+            raise ValueError(f"draft.kind={self.draft.kind!r} with decoder='hf_assisted': transformers' assisted "
+                             f"generation needs a draft model; use draft={' or draft='.join(with_model)}")
         self.tune.check(self)
 
 

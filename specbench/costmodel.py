@@ -1,7 +1,7 @@
 """Cost model of speculative decoding, fitted from raw rows (see DESIGN.md).
 
 Everything here is a pure function of DataFrames in the raw schema of
-`specbench.records` (plus the job keys that `specbench.runstore.load_sweep` adds),
+`specbench.decoding.records` (plus the job keys that `specbench.runstore.load_sweep` adds),
 or a small dataclass built from them. Nothing reads clocks, models or files except
 the explicit `to_json` / `from_json` of the profiles.
 
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from specbench.records import AUTOREGRESSIVE, AUTOREGRESSIVE_STEP, BONUS, RECOVERED, SPECULATIVE
+from specbench.decoding.records import AUTOREGRESSIVE, AUTOREGRESSIVE_STEP, BONUS, RECOVERED, SPECULATIVE
 
 # Keys that identify what an acceptance profile depends on (not hardware or batch).
 ACCEPTANCE_KEYS = ("target", "draft", "decoder", "workload", "sampling")

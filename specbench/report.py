@@ -44,7 +44,7 @@ def load_tables(sweep_dir, ct=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     `ct` may be a DataFrame, a path (.parquet/.csv/.json) or None; None tries the sweep's
     own "ct" table and uses None (C_t from the rounds) if it has none.
     """
-    from specbench.runstore import load_sweep  # written alongside; imported lazily
+    from specbench.bench.runstore import load_sweep  # written alongside; imported lazily
 
     rounds = load_sweep(sweep_dir, "rounds")
     requests = load_sweep(sweep_dir, "requests")

@@ -4,7 +4,7 @@
 size, sampling config) with the ask/tell API. Every trial is a *real* measurement:
 the speculative decoder at the trial's (draft, γ) and the autoregressive baseline decode
 the same prompt batches with the same seeds, interleaved batch by batch (the job
-protocol of `specbench.job`), so drift on a shared machine hits both alike.
+protocol of `specbench.bench.job`), so drift on a shared machine hits both alike.
 
 Objective (``tune.objective``), computed per prompt batch b from the paired runs:
 
@@ -119,7 +119,7 @@ class TuneConfig:
     confidence: float = 0.95  # CI level; γ whose test p ≥ 1 - confidence are "indistinguishable"
 
     def __post_init__(self) -> None:
-        from specbench.config import DRAFT_KINDS
+        from specbench.models.draft_kinds import DRAFT_KINDS
 
         if self.objective not in OBJECTIVES:
             raise _bad("tune.objective", self.objective, f"must be one of {list(OBJECTIVES)}")
@@ -494,7 +494,7 @@ class _Runner:
                                    batch_size=int(batch_size), max_new_tokens=max_new_tokens or cfg.max_new_tokens)
 
     def pair(self, draft: str):
-        from specbench.pair import load_pair
+        from specbench.models.pair import load_pair
 
         if draft not in self.pairs:
             self.pairs[draft] = load_pair(self.cfg.pair, dataclasses.replace(self.cfg.draft, kind=draft))
@@ -502,8 +502,8 @@ class _Runner:
 
     def warmup(self, draft: str, batches: list[list]) -> None:
         """`warmup` batches, both decoders, 16 tokens: allocator, kernels; never recorded (but timed)."""
-        from specbench.job import decode_batch
-        from specbench.records import AUTOREGRESSIVE, HF_ASSISTED, SPECULATIVE
+        from specbench.bench.job import decode_batch
+        from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, SPECULATIVE
 
         if draft in self.warm:
             return
@@ -521,8 +521,8 @@ class _Runner:
         plus its raw round and request rows (the `job` column comes from the run-store directory)."""
         import pandas as pd
 
-        from specbench.job import _label, decode_batch, job_keys
-        from specbench.records import AUTOREGRESSIVE, HF_ASSISTED, REQUEST_COLUMNS, ROUND_COLUMNS, SPECULATIVE, to_frame
+        from specbench.bench.job import _label, decode_batch, job_keys
+        from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, REQUEST_COLUMNS, ROUND_COLUMNS, SPECULATIVE, to_frame
 
         c = self.job_cfg(draft, gamma, batch_size, max_new_tokens)
         pair = self.pair(draft)
@@ -552,11 +552,11 @@ class _Runner:
 
 def _bench_ct(runner: "_Runner", draft: str, spec: "StudySpec", gamma_max: int):
     """C_t(k) for k = 1..gamma_max+1 at the study's batch size and mean prompt length
-    (`specbench.microbench`), labelled with the timing keys the cost model matches on."""
+    (`specbench.bench.microbench`), labelled with the timing keys the cost model matches on."""
     import pandas as pd
 
-    from specbench.job import job_keys
-    from specbench.microbench import bench_target_forward
+    from specbench.bench.job import job_keys
+    from specbench.bench.microbench import bench_target_forward
 
     pair = runner.pair(draft)
     context = int(sum(len(p.ids) for p in spec.prompts) / max(1, len(spec.prompts)))
@@ -571,7 +571,7 @@ def _bench_ct(runner: "_Runner", draft: str, spec: "StudySpec", gamma_max: int):
 def _write_rows(job_dir: Path, rounds: list, requests: list, meta: dict) -> None:
     import pandas as pd
 
-    from specbench import runstore
+    from specbench.bench import runstore
 
     if not rounds:
         return
@@ -604,8 +604,8 @@ def _prior_rows(cfg, spec: StudySpec, draft: str):
     """Rows of a prior sweep that match this study (draft kind, batch size, sampling, categories)."""
     import pandas as pd
 
-    from specbench import runstore
-    from specbench.records import AUTOREGRESSIVE
+    from specbench.bench import runstore
+    from specbench.decoding.records import AUTOREGRESSIVE
 
     rounds = runstore.load_sweep(cfg.tune.prior_sweep, "rounds")
     requests = runstore.load_sweep(cfg.tune.prior_sweep, "requests")
@@ -628,7 +628,7 @@ def _prior_rows(cfg, spec: StudySpec, draft: str):
 
 def _prior_ct(sweep_dir: str):
     """The prior sweep's C_t(k) micro-benchmark rows (jobs with ct_bench=true), or None."""
-    from specbench import runstore
+    from specbench.bench import runstore
 
     try:
         return runstore.load_sweep(sweep_dir, "ct")
@@ -645,7 +645,7 @@ def model_choice(cfg, spec: StudySpec, runner: _Runner) -> tuple[dict, dict, lis
     """
     import pandas as pd
 
-    from specbench.records import AUTOREGRESSIVE
+    from specbench.decoding.records import AUTOREGRESSIVE
 
     t = cfg.tune
     model: dict = {"source": None, "prediction": {}, "fits": {}, "decode_s": 0.0}
@@ -773,7 +773,7 @@ def open_study(cfg, spec: StudySpec, storage, runner: _Runner, sampler, pruner, 
             pdir = runner.out_dir / "trials" / _slug(spec.name)
             for i, (rd, qd) in enumerate(frames):
                 if rd is None:  # C_t(k) micro-benchmark rows
-                    from specbench import runstore
+                    from specbench.bench import runstore
 
                     runstore.write_table(pdir / f"profile-ct-{i}", "ct", qd)
                     runstore.mark_done(pdir / f"profile-ct-{i}", {"study": spec.name, "kind": "ct"})
@@ -1013,7 +1013,7 @@ def format_table(df) -> str:
 
 
 def write_recommendations(df, out_dir: Path) -> Path:
-    from specbench import runstore
+    from specbench.bench import runstore
 
     out_dir = Path(out_dir)
     csv = df.drop(columns=["alternatives"])
@@ -1042,8 +1042,8 @@ def run_tune(cfg, out_dir: Path) -> Any:
     """`python -m specbench +tune=gamma`: tune every study of this config; write and print the table."""
     import optuna
 
-    from specbench import runstore
-    from specbench.job import encode_workload
+    from specbench.bench import runstore
+    from specbench.bench.job import encode_workload
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("specbench").setLevel(logging.INFO)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from specbench.acceptance import acceptance_probability, rejection_sample, residual
-from specbench.sampling import SamplingConfig, process_logits
+from specbench.decoding.acceptance import acceptance_probability, rejection_sample, residual
+from specbench.decoding.sampling import SamplingConfig, process_logits
 
 # ---------------------------------------------------------------- exact (Fractions)
 

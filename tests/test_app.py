@@ -119,7 +119,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
         assert len(requests) == 3 * 2  # 3 prompts x (baseline, speculative), exactly once
         assert not requests.duplicated(["decoder", "prompt_id", "repeat"]).any()
         assert not list(job_dir.glob(".tmp.*"))
-    from specbench.runstore import load_sweep
+    from specbench.bench.runstore import load_sweep
 
     rounds = load_sweep(sweep, "rounds")
     assert sorted(rounds[rounds.decoder == "speculative"].gamma.unique()) == list(range(1, 9))

@@ -31,12 +31,12 @@ from specbench.audit import (
     two_sample_test,
 )
 from specbench.audit_variants import VARIANTS
-from specbench.decoder import speculative_decode
-from specbench.drafts import ModelDraft
-from specbench.hf_assisted import generate_kwargs, hf_assisted_decode
-from specbench.kvcache import CachedLM
-from specbench.sampling import SamplingConfig, process_logits
-from specbench.timing import PhaseTimer
+from specbench.decoding.decoder import speculative_decode
+from specbench.decoding.drafts import ModelDraft
+from specbench.decoding.hf_assisted import generate_kwargs, hf_assisted_decode
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.sampling import SamplingConfig, process_logits
+from specbench.decoding.timing import PhaseTimer
 
 TOPK = SamplingConfig(temperature=1.0, top_k=5)  # the setting every broken variant is tested at
 PLAIN = SamplingConfig(temperature=1.0)

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specbench.decoder import autoregressive_decode, speculative_decode
-from specbench.drafts import ModelDraft, NgramDraft
-from specbench.kvcache import CachedLM
-from specbench.quant import quantize_w8a16
-from specbench.sampling import SamplingConfig
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.drafts import ModelDraft, NgramDraft
+from specbench.decoding.kvcache import CachedLM
+from specbench.models.quant import quantize_w8a16
+from specbench.decoding.sampling import SamplingConfig
 
 from conftest import VOCAB, tiny_llama
 

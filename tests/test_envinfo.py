@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import envinfo
+from specbench.bench import envinfo
 
 
 def test_environment_record_fields() -> None:

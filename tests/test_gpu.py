@@ -16,15 +16,16 @@ import pandas as pd
 import pytest
 import torch
 
-from specbench import kvcache, runstore
+from specbench.decoding import kvcache
+from specbench.bench import runstore
 from specbench.config import Config, DraftConfig, ModelConfig, PairConfig, WorkloadConfig
-from specbench.decoder import autoregressive_decode, speculative_decode
-from specbench.drafts import ModelDraft, NgramDraft
-from specbench.job import run_job
-from specbench.telemetry import JobTelemetry
-from specbench.kvcache import CachedLM
-from specbench.sampling import SamplingConfig, exponential_race, sample
-from specbench.timing import PhaseTimer, host_syncs, to_device, to_host
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.drafts import ModelDraft, NgramDraft
+from specbench.bench.job import run_job
+from specbench.bench.telemetry import JobTelemetry
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.sampling import SamplingConfig, exponential_race, sample
+from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host
 
 from conftest import VOCAB, perturbed, tiny_llama
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specbench.config import Config, DraftConfig, PairConfig, SamplingSpec, WorkloadConfig
-from specbench.models import ModelLoadError, TokenizerMismatchError, check_same_tokenizer, convert_gguf, load_model
-from specbench.sampling import SamplingConfig
+from specbench.models.loading import ModelLoadError, TokenizerMismatchError, check_same_tokenizer, convert_gguf, load_model
+from specbench.decoding.sampling import SamplingConfig
 
 from conftest import needs_embedded
 

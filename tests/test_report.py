@@ -77,9 +77,9 @@ def test_missing_data_is_skipped_with_a_note(sweep, tmp_path):
 
 
 def test_cli_main_writes_report(sweep, tmp_path, capsys):
-    if importlib.util.find_spec("specbench.runstore") is None:
-        pytest.skip("specbench.runstore not available")
-    from specbench import runstore
+    if importlib.util.find_spec("specbench.bench.runstore") is None:
+        pytest.skip("specbench.bench.runstore not available")
+    from specbench.bench import runstore
 
     sweep_dir = tmp_path / "sweep"
     r, q = (t[t["batch_size"] == 1] for t in (sweep["rounds"], sweep["requests"]))

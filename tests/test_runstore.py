@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from specbench import runstore as rs
+from specbench.bench import runstore as rs
 
 def _files(d: Path) -> set[str]:
     return {p.name for p in d.iterdir() if p.is_file()}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import shapes
+from specbench.models import shapes
 
 
 def _n_params(name: str) -> int:

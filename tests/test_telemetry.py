@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from specbench.telemetry import SAMPLE_COLUMNS, GpuTelemetry
+from specbench.bench.telemetry import SAMPLE_COLUMNS, GpuTelemetry
 
 
 def _nvml_works() -> bool:

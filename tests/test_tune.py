@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from specbench import pair as pair_module
+from specbench.models import pair as pair_module
 from specbench.app import CONF_DIR, to_config
 from specbench.tune import (
     REC_COLUMNS,

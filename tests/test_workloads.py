@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.workloads import (
+from specbench.bench.workloads import (
     Prompt,
     WorkloadError,
     load_builtin,

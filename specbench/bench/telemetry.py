@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from specbench.decoder import DecodeResult
+    from specbench.decoding.decoder import DecodeResult
 
 SAMPLE_COLUMNS = [
     "t",  # seconds since the block started (perf_counter)
@@ -355,7 +355,7 @@ class JobTelemetry:
         _nvml_shutdown(self._nvml)
         self._nvml = None
         summary = self.summary()
-        from specbench import runstore
+        from specbench.bench import runstore
 
         runstore.write_json(job_dir, "telemetry", {**summary, "calls": self.calls})
         labels = ["decoder", "repeat", "batch", "call"]

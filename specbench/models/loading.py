@@ -18,9 +18,11 @@ import torch
 from platformdirs import user_cache_dir
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specbench.config import DTYPES as DTYPE_NAMES
+
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES if name != "auto"}
 
 
 class ModelLoadError(ValueError):
@@ -42,7 +44,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
             return torch.float16
         return torch.bfloat16
     if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: must be one of {['auto', *DTYPES]}")
+        raise ValueError(f"dtype={dtype!r}: must be one of {list(DTYPE_NAMES)}")
     return DTYPES[dtype]
 
 

@@ -11,7 +11,7 @@ Layout of a job directory::
 
     runs/<sweep>/<job>/
         config.yaml, env.json, ...   # anything written with write_text / write_json
-        rounds.parquet, ...          # tables (raw rows, see specbench.records)
+        rounds.parquet, ...          # tables (raw rows, see specbench.decoding.records)
         failure.json                 # only if the last attempt failed (not done)
         done.json                    # written last: the job is complete
 

@@ -8,6 +8,7 @@ torch's int8 weight kernel, so the copy reads half the bytes of the bf16 target.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import nn
@@ -48,3 +49,9 @@ def quantize_w8a16(model: nn.Module) -> nn.Module:
                 setattr(module, child_name, Int8Linear(child))
     quantized.eval()
     return quantized
+
+
+@functools.lru_cache(maxsize=2)
+def quantize_w8a16_cached(model: nn.Module) -> nn.Module:
+    """`quantize_w8a16`, once per loaded model per process (a sweep's jobs share the copy)."""
+    return quantize_w8a16(model)

@@ -16,17 +16,18 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from specbench import runstore
+from specbench.bench import runstore
 from specbench.config import Config
-from specbench.decoder import DecodeResult, autoregressive_decode, speculative_decode
-from specbench.envinfo import environment_record, hardware_label
-from specbench.kvcache import CachedLM
-from specbench.microbench import bench_target_forward
-from specbench.pair import Pair, load_pair
-from specbench.records import AUTOREGRESSIVE, HF_ASSISTED, REQUEST_COLUMNS, ROUND_COLUMNS, SPECULATIVE, to_frame
-from specbench.telemetry import JobTelemetry
-from specbench.timing import PhaseTimer
-from specbench.workloads import Prompt, load_workload, render_prompt
+from specbench.decoding.decoder import DecodeResult, autoregressive_decode, speculative_decode
+from specbench.bench.envinfo import environment_record, hardware_label
+from specbench.decoding.kvcache import CachedLM
+from specbench.bench.microbench import bench_target_forward
+from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.pair import Pair, load_pair
+from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, REQUEST_COLUMNS, ROUND_COLUMNS, SPECULATIVE, to_frame
+from specbench.bench.telemetry import JobTelemetry
+from specbench.decoding.timing import PhaseTimer
+from specbench.bench.workloads import Prompt, load_workload, render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def check_shape_only_workload(cfg: Config) -> None:
     Checked before any model loads, so a misconfigured 8B-shape job fails in milliseconds.
     """
     shaped = [f"pair.{name}.shape={m.shape!r}" for name, m in (("target", cfg.pair.target), ("draft", cfg.pair.draft))
-              if m.shape and (name == "target" or cfg.draft.kind == "model")]  # fmt: skip
+              if m.shape and (name == "target" or DRAFT_KINDS.get(cfg.draft.kind).uses_pair_draft)]  # fmt: skip
     if shaped and cfg.workload.kind != "synthetic":
         raise ValueError(
             f"workload.kind={cfg.workload.kind!r} needs a tokenizer, but pair {cfg.pair.name!r} is shape-only "
@@ -85,7 +86,7 @@ def decode_batch(cfg: Config, pair: Pair, decoder: str, ids: list[list[int]], se
     if decoder == AUTOREGRESSIVE:
         return autoregressive_decode(CachedLM(pair.target), ids, sampling, max_new_tokens, pair.eos, generator, timer)
     if decoder == HF_ASSISTED:
-        from specbench.hf_assisted import hf_assisted_decode
+        from specbench.decoding.hf_assisted import hf_assisted_decode
 
         return hf_assisted_decode(pair.target, pair.draft_model, ids, cfg.gamma, sampling, max_new_tokens, pair.eos, seed, timer)
     return speculative_decode(CachedLM(pair.target), pair.new_draft(), ids, cfg.gamma, sampling,
@@ -95,11 +96,11 @@ def decode_batch(cfg: Config, pair: Pair, decoder: str, ids: list[list[int]], se
 def job_keys(cfg: Config, pair: Pair) -> dict:
     """Columns every row of this job carries, so a sweep's rows can be grouped without joins."""
     target = cfg.pair.target.shape or cfg.pair.target.source
-    draft = {"model": cfg.pair.draft.shape or cfg.pair.draft.source, "w8a16": f"w8a16({target})",
-             "ngram": f"ngram({cfg.draft.min_ngram}-{cfg.draft.max_ngram})"}[cfg.draft.kind]  # fmt: skip
+    kind = DRAFT_KINDS.get(cfg.draft.kind, "draft.kind")
+    draft = kind.label(target, cfg.pair, cfg.draft)
     return {
         "pair": cfg.pair.name, "target": target, "draft": draft, "draft_kind": cfg.draft.kind,
-        "shape_only": pair.shape_only or bool(cfg.draft.kind == "model" and cfg.pair.draft.shape),
+        "shape_only": pair.shape_only or bool(kind.uses_pair_draft and cfg.pair.draft.shape),
         "workload": cfg.workload.name, "sampling": cfg.sampling.name,
         "temperature": float(cfg.sampling.temperature), "top_k": cfg.sampling.top_k,
         "top_p": float(cfg.sampling.top_p), "batch_size": cfg.batch_size, "gamma_config": cfg.gamma,

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specbench.timing import to_device, to_host
+from specbench.decoding.timing import to_device, to_host
 
 # Attention implementations whose 4D mask we build ourselves (bool: True = attend;
 # eager: additive 0 / dtype-min). Any other gets the 2D mask and builds its own.

@@ -25,10 +25,10 @@ import torch
 from transformers import PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
-from specbench.decoder import DecodeResult
-from specbench.records import RequestRecord
-from specbench.sampling import SamplingConfig
-from specbench.timing import PhaseTimer
+from specbench.decoding.decoder import DecodeResult
+from specbench.decoding.records import RequestRecord
+from specbench.decoding.sampling import SamplingConfig
+from specbench.decoding.timing import PhaseTimer
 
 # Every other logits transform generate() could pick up from a model's generation_config,
 # switched off explicitly (an explicit None overrides the model's value; omitting it does not).

@@ -12,9 +12,9 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from specbench.kvcache import CachedLM
-from specbench.sampling import SamplingConfig, process_logits, sample
-from specbench.timing import to_device
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.sampling import SamplingConfig, process_logits, sample
+from specbench.decoding.timing import to_device
 
 
 class Draft(Protocol):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.sampling import sample
+from specbench.decoding.sampling import sample
 
 
 @dataclass

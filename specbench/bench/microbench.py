@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from specbench.kvcache import CachedLM
-from specbench.timing import PhaseTimer
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.timing import PhaseTimer
 
 CT_COLUMNS = ["batch_size", "k", "context_len", "repeat", "t_forward"]
 

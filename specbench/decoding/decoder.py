@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.acceptance import Acceptance, rejection_sample
-from specbench.drafts import Draft
-from specbench.kvcache import CachedLM
-from specbench.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
-from specbench.sampling import SamplingConfig, process_logits, sample
-from specbench.timing import PhaseTimer, host_syncs, to_device, to_host
+from specbench.decoding.acceptance import Acceptance, rejection_sample
+from specbench.decoding.drafts import Draft
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
+from specbench.decoding.sampling import SamplingConfig, process_logits, sample
+from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host
 
 
 @dataclass

@@ -29,7 +29,7 @@ class RoundRecord:
     tokens the row actually appended (accepted + 1, truncated at EOS/max_new_tokens).
     `t_overhead` is `t_round - t_draft - t_verify` (C_o): sampling, acceptance,
     cache rollback, bookkeeping, host syncs. `host_syncs` counts the host<->device
-    syncs specbench's code made in the round (see `specbench.timing`; shared by all
+    syncs specbench's code made in the round (see `specbench.decoding.timing`; shared by all
     rows of a round): 1 for the speculative decoder and the baseline; -1 = not counted.
     """
 

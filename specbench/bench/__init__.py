@@ -1,0 +1,1 @@
+"""Benchmark scaffolding: workloads, one job's protocol, the C_t(k) micro-benchmark, telemetry, environment, run store."""

@@ -1,0 +1,78 @@
+"""The draft kinds a job can name (`draft=<kind>`): one registration each.
+
+A kind says how its draft model is obtained for a target (or that it needs none), how
+rows label it, and how a fresh `Draft` is built for a batch. Config validation, the
+pair loader, job labels, the tuner's search space and the API all read `DRAFT_KINDS`,
+so a new kind is one `DRAFT_KINDS.register(...)` plus a `conf/draft/<kind>.yaml`.
+Import-light: the heavy modules load inside the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from specbench.registry import Registry
+
+if TYPE_CHECKING:
+    from specbench.config import DraftConfig, PairConfig
+    from specbench.decoding.drafts import Draft
+    from specbench.models.pair import Pair
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    """How one kind of draft is loaded, labelled and built.
+
+    `load(target, pair_cfg, draft_cfg, load_model)` returns (draft model or None, its own
+    tokenizer or None); `load_model(model_cfg, field)` loads a configured model that way.
+    `label(target_label, pair_cfg, draft_cfg)` names the draft in rows.
+    `build(pair)` returns a fresh `Draft` for one batch.
+    """
+
+    load: Callable[..., Any]
+    label: Callable[[str, "PairConfig", "DraftConfig"], str]
+    build: Callable[["Pair"], "Draft"]
+    uses_pair_draft: bool = False  # needs pair.draft (a separate model)
+    has_model: bool = True  # a draft model exists (transformers' assisted generation can drive it)
+
+
+DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
+
+
+def _model_draft(pair: "Pair") -> "Draft":
+    from specbench.decoding.drafts import ModelDraft
+
+    return ModelDraft(pair.draft_model, name=pair.draft_kind)
+
+
+def _load_pair_draft(target, pair_cfg, draft_cfg, load_model):
+    return load_model(pair_cfg.draft, "pair.draft")
+
+
+def _load_w8a16(target, pair_cfg, draft_cfg, load_model):
+    from specbench.models.quant import quantize_w8a16_cached
+
+    return quantize_w8a16_cached(target), None
+
+
+def _ngram(pair: "Pair") -> "Draft":
+    from specbench.decoding.drafts import NgramDraft
+
+    d = pair.draft_cfg
+    return NgramDraft(pair.target.config.vocab_size, d.max_ngram, d.min_ngram, device=pair.target.device)
+
+
+DRAFT_KINDS.register("model", DraftKind(
+    load=_load_pair_draft,
+    label=lambda target, p, d: p.draft.shape or p.draft.source,
+    build=_model_draft, uses_pair_draft=True,
+))  # fmt: skip
+DRAFT_KINDS.register("w8a16", DraftKind(
+    load=_load_w8a16, label=lambda target, p, d: f"w8a16({target})", build=_model_draft,
+))  # fmt: skip
+DRAFT_KINDS.register("ngram", DraftKind(
+    load=lambda *a: (None, None), label=lambda target, p, d: f"ngram({d.min_ngram}-{d.max_ngram})",
+    build=_ngram, has_model=False,
+))  # fmt: skip
