@@ -31,7 +31,7 @@ from specbench.audit import (
     DecoderUnderTest,
     exact_distribution,
     run_audit,
-    specbench_decoder,
+    speculative_decoder,
     tiny_pair,
 )
 from specbench.decoding.sampling import SamplingConfig
@@ -46,8 +46,10 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 def report(label: str, fails: int, runs: int, seconds: float) -> None:
     lo, hi = clopper_pearson(fails, runs)
-    print(f"{label}: {fails}/{runs} false alarms = {fails / runs:.2%} (95% CI {lo:.2%}-{hi:.2%}), {seconds:.0f} s",
-          flush=True)
+    print(
+        f"{label}: {fails}/{runs} false alarms = {fails / runs:.2%} (95% CI {lo:.2%}-{hi:.2%}), {seconds:.0f} s",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -82,26 +84,41 @@ def main() -> None:
             start, fails, worst = time.perf_counter(), 0, []
             for seed in range(args.calibration):
                 settings = AuditSettings(seed=10_000 + seed, bootstrap=0, reference=mode)
-                result = run_audit(target, oracle, prompts, sampling, set(), settings, reference=oracle,
-                                   cache=cache if mode == "exact" else {})
+                result = run_audit(
+                    target,
+                    oracle,
+                    prompts,
+                    sampling,
+                    set(),
+                    settings,
+                    reference=oracle,
+                    cache=cache if mode == "exact" else {},
+                )
                 fails += not result.passed
                 worst.append(result.summary.iloc[0].p_value)
-            report(f"calibration, {mode} mode (draws from the enumerated p)", fails, args.calibration,
-                   time.perf_counter() - start)
+            report(
+                f"calibration, {mode} mode (draws from the enumerated p)",
+                fails,
+                args.calibration,
+                time.perf_counter() - start,
+            )
             print(f"  P(min Holm-adjusted p < 0.05) = {np.mean(np.array(worst) < 0.05):.2%}", flush=True)
 
     if args.seeds:
         start, fails, worst = time.perf_counter(), 0, []
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             settings = AuditSettings(seed=seed, bootstrap=0)
-            decoder = specbench_decoder(target, draft, args.gamma, sampling, set(), settings.batch_size)
+            decoder = speculative_decoder(target, draft, args.gamma, sampling, set(), settings.batch_size)
             result = run_audit(target, decoder, prompts, sampling, set(), settings, cache=cache)
             fails += not result.passed
             worst.append(result.summary.iloc[0].p_value)
             if not result.passed:
-                print(f"  seed {seed}: FAIL at {result.summary.iloc[0].worst_test} "
-                      f"(p_adj = {result.summary.iloc[0].p_value:.2g})", flush=True)
-        report("specbench speculative decoder", fails, args.seeds, time.perf_counter() - start)
+                print(
+                    f"  seed {seed}: FAIL at {result.summary.iloc[0].worst_test} "
+                    f"(p_adj = {result.summary.iloc[0].p_value:.2g})",
+                    flush=True,
+                )
+        report("speculative decoder", fails, args.seeds, time.perf_counter() - start)
         print(f"  P(min Holm-adjusted p < 0.05) = {np.mean(np.array(worst) < 0.05):.2%}", flush=True)
 
 

@@ -80,10 +80,11 @@ def main(argv=None) -> int:
     ap.add_argument("--height", type=int, default=3000)
     args = ap.parse_args(argv)
     if args.synthetic:
-        from specbench import costmodel as cm
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.synthetic
         from specbench.report import build_report
+        from tests.synthetic import synthetic_sweep
 
-        d = cm.synthetic_sweep(alphas={"chat": (0.85, 0.75, 0.65, 0.6), "code": (0.95, 0.9, 0.85, 0.8)},
+        d = synthetic_sweep(alphas={"chat": (0.85, 0.75, 0.65, 0.6), "code": (0.95, 0.9, 0.85, 0.8)},
                                batch_sizes=(1, 4), gammas=(1, 2, 4, 6), n_prompts=8, new_tokens=64, seed=0)
         html_path = build_report(d["rounds"], d["requests"], d["ct"], args.synthetic,
                                  title="Synthetic sweep (known parameters)")["html"]

@@ -14,7 +14,7 @@ a float32 case diverges at a token whose float32 margin is not a tie.
 `ct`: the C_t(k) micro-benchmark (`specbench.bench.microbench`, which every job also runs at
 its own batch size and context) for a shape-only target at any batch sizes and context,
 standalone: writes the table `python -m specbench.report --ct` and
-`costmodel.TimingProfile` read (hardware, dtype, target, batch_size, k, context_len,
+`specbench.analysis.timing.TimingProfile` read (hardware, dtype, target, batch_size, k, context_len,
 t_forward seconds, repeat).
 """
 

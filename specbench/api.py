@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -35,6 +36,12 @@ def decode(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    banned_token_ids: Sequence[int] = (),
+    banned_sequences: Sequence[Sequence[int]] = (),
     max_new_tokens: int = 128,
     dtype: str = "auto",
     device: str = "cpu",
@@ -47,8 +54,10 @@ def decode(
 
     `draft` is 'w8a16' (int8 copy of the target), 'ngram' (prompt lookup) or 'model'
     (then `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
+    Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     """
-    sampling = SamplingConfig(temperature, top_k, top_p)
+    sampling = SamplingConfig(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
+                              presence_penalty, tuple(banned_token_ids), tuple(tuple(s) for s in banned_sequences))
     pair_cfg = PairConfig(
         name="api", target=ModelConfig(source=target), draft=ModelConfig(source=draft_model), dtype=dtype, device=device
     )

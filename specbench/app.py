@@ -33,6 +33,9 @@ def to_config(cfg: DictConfig) -> Config:
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
+    """One job, or one `+tune=gamma` run. In a multirun (`+sweep=...`, `-m`), Hydra calls
+    `SweepSummary.on_multirun_end` after the last job: registered in conf/config.yaml under
+    `hydra.callbacks.sweep_summary`, it prints the summary table and writes the sweep report."""
     try:
         config = to_config(cfg)
     except ValueError as exc:  # a bad value: say which, and what is allowed; no traceback
@@ -44,7 +47,7 @@ def main(cfg: DictConfig) -> None:
 
         torch.set_num_threads(config.threads)
     if config.tune.enabled:  # +tune=gamma: an Optuna study instead of one job
-        from specbench.tune import run_tune
+        from specbench.tune.runner import run_tune
 
         run_tune(config, job_dir)
         return
@@ -64,13 +67,12 @@ def main(cfg: DictConfig) -> None:
 
 
 def _summary(sweep_dir: Path) -> str:
-    from specbench import costmodel
+    from specbench.analysis.summary import format_summary, summary_table
     from specbench.bench import runstore
 
     requests = runstore.load_sweep(sweep_dir, "requests")
     rounds = runstore.load_sweep(sweep_dir, "rounds")
-    table = costmodel.summary_table(rounds, requests)
-    text = costmodel.format_summary(table)
+    text = format_summary(summary_table(rounds, requests))
     failures = runstore.load_failures(sweep_dir)
     if len(failures):
         text += "\n\nFAILED jobs (re-run the same command to retry them):\n" + failures[["job", "kind", "message"]].to_string(index=False)

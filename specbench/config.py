@@ -12,10 +12,11 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from specbench.decoding.records import HF_ASSISTED, SPECULATIVE, SPECULATIVE_DECODERS
 from specbench.models.draft_kinds import DRAFT_KINDS
-from specbench.tune import TuneConfig
+from specbench.tune.objectives import OBJECTIVES
+from specbench.tune.samplers import SAMPLERS
 
-DECODERS = ("specbench", "hf_assisted")
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # the one list; models.loading maps them
 
@@ -25,9 +26,11 @@ def _choice(name: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"{name}={value!r}: must be one of {list(allowed)}")
 
 
-def _at_least(name: str, value: Any, low: int) -> None:
+def _at_least(name: str, value: Any, low: int, nullable: bool = False) -> None:
+    if nullable and value is None:
+        return
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
+        raise ValueError(f"{name}={value!r}: must be {'null or ' if nullable else ''}an integer >= {low}")
 
 
 @dataclass
@@ -74,12 +77,19 @@ class DraftConfig:
 
 @dataclass
 class SamplingSpec:
-    """Temperature 0 = greedy; top_k 0 and top_p 1.0 disable those filters."""
+    """Temperature 0 = greedy; top_k 0, top_p 1.0 and min_p 0 disable those filters; penalties and
+    bans as in `specbench.decoding.sampling.SamplingConfig` (1.0 / 0.0 / empty = off)."""
 
     name: str = "greedy"
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    banned_token_ids: list[int] = field(default_factory=list)
+    banned_sequences: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.build()  # SamplingConfig validates
@@ -87,7 +97,11 @@ class SamplingSpec:
     def build(self):
         from specbench.decoding.sampling import SamplingConfig
 
-        return SamplingConfig(float(self.temperature), self.top_k, float(self.top_p))
+        return SamplingConfig(
+            float(self.temperature), self.top_k, float(self.top_p), float(self.min_p), float(self.repetition_penalty),
+            float(self.frequency_penalty), float(self.presence_penalty), tuple(self.banned_token_ids),
+            tuple(tuple(s) for s in self.banned_sequences),
+        )
 
 
 @dataclass
@@ -102,6 +116,7 @@ class WorkloadConfig:
     seed: Optional[int] = None
     prompt_tokens: int = 128  # synthetic only
     n_prompts: int = 8  # synthetic only
+    context_tokens: Optional[int] = None  # text kinds: lengthen prompts with real passages (workloads.pad_to_tokens)
 
     def __post_init__(self) -> None:
         _choice("workload.kind", self.kind, WORKLOAD_KINDS)
@@ -111,6 +126,93 @@ class WorkloadConfig:
             _at_least("workload.limit_per_category", self.limit_per_category, 1)
         _at_least("workload.prompt_tokens", self.prompt_tokens, 1)
         _at_least("workload.n_prompts", self.n_prompts, 1)
+        if self.context_tokens is not None:
+            _at_least("workload.context_tokens", self.context_tokens, 1)
+            if self.kind == "synthetic":
+                raise ValueError(f"workload.context_tokens={self.context_tokens}: synthetic prompts are already "
+                                 "token ids; set workload.prompt_tokens instead")
+
+
+@dataclass
+class TuneConfig:
+    """`+tune=gamma`: choose γ (and the draft) with Optuna from real paired runs (`specbench.tune`).
+
+    The measurement protocol is the job's (`specbench.bench.protocol`): `max_new_tokens`, `repeats`,
+    `warmup`, `seed`, `batch_size` (unless `batch_sizes`), `sampling` and the workload come from the job.
+    """
+
+    enabled: bool = False
+    objective: str = "throughput"  # a name in specbench.tune.objectives.OBJECTIVES
+    gamma_max: int = 8  # γ is searched in [1, gamma_max]
+    drafts: Optional[list[str]] = None  # draft kinds searched; None: the job's draft.kind
+    n_trials: int = 8  # finished (complete + pruned) trials per study, earlier runs included
+    sampler: str = "local"  # a name in specbench.tune.samplers.SAMPLERS
+    stop_when_converged: bool = True  # local: stop when every neighbour of the best was measured
+    prune: bool = True
+    prune_after: int = 2  # prompt batches measured before a trial may be pruned (a paired test needs 2)
+    prune_margin: float = 0.03  # prune only trials worse than the best by more than this, on the same batches
+    prune_alpha: float = 0.05  # P(pruning a trial that is not worse by the margin), split over the looks
+    batch_sizes: Optional[list[int]] = None  # one study per batch size; None: [batch_size]
+    split_categories: bool = False  # one study per workload category (else one for the whole workload)
+    max_prompts: Optional[int] = None  # a seeded sample of the workload per study; None: all prompts
+    storage: Optional[str] = None  # None: sqlite:///<runs_dir>/tune/optuna.db; an RDB URL; journal:<path>
+    study_name: Optional[str] = None  # None: derived from pair, workload, sampling, batch size, objective
+    prior_sweep: Optional[str] = None  # runs/<sweep> to fit the cost model on, instead of a profile run
+    profile_gamma: int = 4  # γ of the short profile run that the cost model is fitted on
+    profile_batches: int = 1
+    profile_max_new_tokens: Optional[int] = None  # tokens of the profile run (≤ max_new_tokens); None: max_new_tokens
+    profile_ct: bool = True  # also time target forwards over k = 1..gamma_max+1 tokens (C_t(k))
+    confidence: float = 0.95  # CI level; alternatives whose paired test p ≥ 1 - confidence are "indistinguishable"
+
+    def __post_init__(self) -> None:
+        OBJECTIVES.get(self.objective, "tune.objective")
+        SAMPLERS.get(self.sampler, "tune.sampler")
+        for name in ("gamma_max", "n_trials", "profile_gamma", "profile_batches"):
+            _at_least(f"tune.{name}", getattr(self, name), 1)
+        _at_least("tune.prune_after", self.prune_after, 2)
+        for name in ("max_prompts", "profile_max_new_tokens"):
+            _at_least(f"tune.{name}", getattr(self, name), 1, nullable=True)
+        if self.drafts is not None:
+            drafts, kinds = list(self.drafts), DRAFT_KINDS.names()
+            if not drafts:
+                raise ValueError(f"tune.drafts={drafts!r}: must list at least one draft kind of {kinds} "
+                                 "(or be null for the job's draft.kind)")
+            for d in drafts:
+                if d not in DRAFT_KINDS:
+                    raise ValueError(f"tune.drafts={drafts!r}: unknown draft kind {d!r}; allowed: {kinds}")
+            if len(set(drafts)) != len(drafts):
+                raise ValueError(f"tune.drafts={drafts!r}: lists a draft kind twice")
+        if self.batch_sizes is not None:
+            bs = list(self.batch_sizes)
+            if not bs or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bs):
+                raise ValueError(f"tune.batch_sizes={bs!r}: must be null or a non-empty list of integers >= 1")
+        if not 0.0 <= float(self.prune_margin) < 1.0:
+            raise ValueError(f"tune.prune_margin={self.prune_margin!r}: must be in [0, 1)")
+        for name in ("prune_alpha", "confidence"):
+            if not 0.0 < float(getattr(self, name)) < 1.0:
+                raise ValueError(f"tune.{name}={getattr(self, name)!r}: must be in (0, 1)")
+        if self.storage is not None and not str(self.storage).strip():
+            raise ValueError(f"tune.storage={self.storage!r}: must be null, an RDB URL (sqlite:///path.db) "
+                             "or journal:<path>")
+
+    def check(self, cfg: Config) -> None:
+        """Checks that need the job config (called from `Config.__post_init__`, before any model loads)."""
+        for d in self.draft_kinds(cfg):
+            if DRAFT_KINDS.get(d).uses_pair_draft and not (cfg.pair.draft.source or cfg.pair.draft.shape):
+                others = [k for k in DRAFT_KINDS.names() if not DRAFT_KINDS.get(k).uses_pair_draft]
+                raise ValueError(f"tune.drafts={self.draft_kinds(cfg)!r}: {d!r} needs pair.draft (pair "
+                                 f"{cfg.pair.name!r} has none); allowed for this pair: {others}")
+        if cfg.decoder == HF_ASSISTED and any(b != 1 for b in self.batch_size_list(cfg)):
+            raise ValueError(f"tune.batch_sizes={self.batch_size_list(cfg)!r}: decoder='hf_assisted' supports "
+                             "batch size 1 only")
+
+    def draft_kinds(self, cfg: Config) -> list[str]:
+        """Draft kinds the studies search: `drafts`, or the job's draft.kind."""
+        return list(self.drafts) if self.drafts is not None else [cfg.draft.kind]
+
+    def batch_size_list(self, cfg: Config) -> list[int]:
+        """Batch sizes (one study each): `batch_sizes`, or the job's batch_size."""
+        return list(self.batch_sizes) if self.batch_sizes is not None else [cfg.batch_size]
 
 
 @dataclass
@@ -121,7 +223,7 @@ class Config:
     draft: DraftConfig = field(default_factory=DraftConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
-    decoder: str = "specbench"
+    decoder: str = SPECULATIVE  # speculative (specbench's decoder) | hf_assisted (transformers')
     gamma: int = 4
     batch_size: int = 1
     max_new_tokens: int = 128
@@ -138,15 +240,15 @@ class Config:
     tune: TuneConfig = field(default_factory=TuneConfig)  # +tune=gamma: choose γ with Optuna (specbench.tune)
 
     def __post_init__(self) -> None:
-        _choice("decoder", self.decoder, DECODERS)
-        _at_least("gamma", self.gamma, 1)
+        _choice("decoder", self.decoder, SPECULATIVE_DECODERS)
+        _at_least("gamma", self.gamma, 0)  # 0: speculation off (the plain decoder alone, through the same protocol)
         _at_least("batch_size", self.batch_size, 1)
         _at_least("max_new_tokens", self.max_new_tokens, 1)
         _at_least("repeats", self.repeats, 1)
         _at_least("warmup", self.warmup, 0)
         if self.threads is not None:
             _at_least("threads", self.threads, 1)
-        if self.decoder == "hf_assisted" and self.batch_size != 1:
+        if self.decoder == HF_ASSISTED and self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size}: decoder='hf_assisted' supports batch_size=1 only")
         kind = DRAFT_KINDS.get(self.draft.kind, "draft.kind")
         if kind.uses_pair_draft and not (self.pair.draft.source or self.pair.draft.shape):
@@ -155,10 +257,14 @@ class Config:
                 f"draft.kind={self.draft.kind!r} needs pair.draft.source (or pair.draft.shape); pair {self.pair.name!r} "
                 f"has none. Pick draft={' or draft='.join(others)}, or a pair with a draft model"
             )
-        if self.decoder == "hf_assisted" and not kind.has_model:
+        if self.decoder == HF_ASSISTED and not kind.has_model:
             with_model = [k for k in DRAFT_KINDS.names() if DRAFT_KINDS.get(k).has_model]
             raise ValueError(f"draft.kind={self.draft.kind!r} with decoder='hf_assisted': transformers' assisted "
                              f"generation needs a draft model; use draft={' or draft='.join(with_model)}")
+        if self.decoder == HF_ASSISTED:
+            from specbench.decoding.hf_assisted import check_sampling
+
+            check_sampling(self.sampling.build(), set())  # settings transformers cannot apply
         self.tune.check(self)
 
 

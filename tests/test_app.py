@@ -49,6 +49,12 @@ def test_every_config_composes_and_validates(override):
     assert isinstance(to_config(cfg), Config)
 
 
+def test_sweep_summary_callback_is_registered():
+    # SweepSummary (specbench.app) runs at the end of every multirun only because conf/config.yaml registers it.
+    cfg = _compose([], hydra=True)
+    assert cfg.hydra.callbacks.sweep_summary._target_ == "specbench.app.SweepSummary"
+
+
 def test_launcher_configs_compose():
     for name in ("local_parallel", "slurm", "submitit_local_test"):
         cfg = _compose([f"hydra/launcher={name}"], hydra=True)
@@ -66,9 +72,10 @@ def _run(args: list[str], runs: Path, timeout: int = 300) -> subprocess.Complete
     [
         (["draft=eagle"], "Available options in 'draft'"),
         (["workload=nope"], "Available options in 'workload'"),
-        (["gamma=0"], "gamma=0: must be an integer >= 1"),
+        (["gamma=-1"], "gamma=-1: must be an integer >= 0"),
         (["sampling.temperature=-1"], "sampling.temperature=-1.0: must be a number >= 0"),
         (["sampling.top_p=1.5"], "sampling.top_p=1.5: must be in (0, 1]"),
+        (["decoder=specbench"], "decoder='specbench': must be one of ['speculative', 'hf_assisted']"),
     ],
 )
 def test_bad_input_fails_before_loading_with_the_choices(args, message, tmp_path):
@@ -77,6 +84,19 @@ def test_bad_input_fails_before_loading_with_the_choices(args, message, tmp_path
     assert message in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
     assert not any(tmp_path.rglob("env.json"))  # no job started
+
+
+def test_gamma_zero_runs_the_plain_decoder_through_the_same_protocol(tmp_path):
+    # γ = 0 is "speculation off", a choice like any γ: the same protocol (warm-up, seeds, labels, store).
+    result = _run([*TINY, "max_new_tokens=5", "workload.n_prompts=2", "gamma=0", "sweep_name=off"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    job = next(tmp_path.glob("off/*"))
+    assert (job / "done.json").exists()
+    requests, rounds = pd.read_parquet(job / "requests.parquet"), pd.read_parquet(job / "rounds.parquet")
+    assert set(requests.decoder) == set(rounds.decoder) == {"autoregressive"}
+    assert set(requests.gamma_setting) == {0} and set(rounds.gamma) == {0} and len(requests) == 2
+    assert set(requests.new_tokens) == {5}
+    assert requests.peak_rss_bytes.iloc[0] > 0 and requests.peak_rss_bytes.nunique() == 1  # one peak per job
 
 
 def test_single_job_writes_the_store_and_prints_a_summary(tmp_path):
@@ -89,6 +109,10 @@ def test_single_job_writes_the_store_and_prints_a_summary(tmp_path):
     requests = pd.read_parquet(job / "requests.parquet")
     assert sorted(requests.decoder.unique()) == ["autoregressive", "speculative"]
     assert len(requests) == 4 and set(requests.prompt_id) == {"synthetic-00", "synthetic-01"}
+    # The job's γ setting is a column of every row; round rows keep their own per-round gamma.
+    rounds = pd.read_parquet(job / "rounds.parquet")
+    assert set(requests.gamma_setting) == set(rounds.gamma_setting) == {4} and "gamma_config" not in requests
+    assert set(rounds.loc[rounds.decoder == "autoregressive", "gamma"]) == {0}
 
 
 def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):

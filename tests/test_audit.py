@@ -15,22 +15,18 @@ import torch
 from specbench.audit import (
     PAD,
     TINY_PROMPTS,
+    VARIANTS,
     AuditSettings,
     SharedPrefillLM,
-    detectable_tv,
     exact_distribution,
-    gof_test,
     hf_assisted_decoder,
-    holm,
-    main,
     make_decoder,
-    noncentrality_for_power,
     run_audit,
-    specbench_decoder,
+    speculative_decoder,
     tiny_pair,
-    two_sample_test,
 )
-from specbench.audit_variants import VARIANTS
+from specbench.audit.cli import main
+from specbench.audit.stats import detectable_tv, gof_test, holm, noncentrality_for_power, two_sample_test
 from specbench.decoding.decoder import speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.hf_assisted import generate_kwargs, hf_assisted_decode
@@ -40,6 +36,16 @@ from specbench.decoding.timing import PhaseTimer
 
 TOPK = SamplingConfig(temperature=1.0, top_k=5)  # the setting every broken variant is tested at
 PLAIN = SamplingConfig(temperature=1.0)
+# penalty_committed_only only differs from the correct decoder where a penalty reads the drafts
+VARIANT_SAMPLING = {"penalty_committed_only": SamplingConfig(temperature=1.0, top_k=5, repetition_penalty=1.5)}
+PROCESSORS = {
+    "repetition_penalty": SamplingConfig(1.0, repetition_penalty=1.5),
+    "frequency_penalty": SamplingConfig(1.0, frequency_penalty=0.5),
+    "presence_penalty": SamplingConfig(1.0, presence_penalty=1.0),
+    "min_p": SamplingConfig(1.0, min_p=0.1),
+    "banned_token_ids": SamplingConfig(1.0, banned_token_ids=(3, 8)),
+    "banned_sequences": SamplingConfig(1.0, banned_sequences=((3, 5), (7, 7), (11, 2, 4))),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -170,7 +176,7 @@ def test_shared_prefill_gives_the_same_tokens_as_per_row_prefill(pair):
 
 def test_correct_decoder_passes_exact_mode(pair, cache):
     for sampling in (TOPK, SamplingConfig(temperature=0.8, top_p=0.9)):
-        result = audit(pair, cache, "specbench", sampling)
+        result = audit(pair, cache, "speculative", sampling)
         row = result.summary.iloc[0]
         assert row.reference == "exact" and row.tests >= 20
         assert row.verdict == "pass", result.tests.sort_values("p_value").head()
@@ -179,7 +185,7 @@ def test_correct_decoder_passes_exact_mode(pair, cache):
 
 def test_correct_decoder_passes_and_a_broken_one_fails_in_sample_mode(pair, cache):
     settings = AuditSettings(reference="sample")
-    good = audit(pair, cache, "specbench", PLAIN, settings).summary.iloc[0]
+    good = audit(pair, cache, "speculative", PLAIN, settings).summary.iloc[0]
     assert good.reference.startswith("sample") and good.verdict == "pass"
     bad = audit(pair, cache, "broken:p_not_residual", PLAIN, settings).summary.iloc[0]
     assert bad.verdict == "FAIL" and bad.p_value < 1e-6
@@ -187,7 +193,7 @@ def test_correct_decoder_passes_and_a_broken_one_fails_in_sample_mode(pair, cach
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_broken_variants_fail_at_default_settings(pair, cache, variant):
-    result = audit(pair, cache, f"broken:{variant}", TOPK)
+    result = audit(pair, cache, f"broken:{variant}", VARIANT_SAMPLING.get(variant, TOPK))
     row = result.summary.iloc[0]
     assert row.verdict == "FAIL" and row.p_value < AuditSettings().alpha
     assert row.tv_lo > row.tv_null  # the deviation is visible in the TV estimate too
@@ -202,11 +208,28 @@ def test_broken_variants_fail_statistically_without_top_k(pair, cache, variant):
     assert result.tests["p_adjusted"].min() < 1e-6
 
 
+@pytest.mark.parametrize("processor", list(PROCESSORS))
+def test_correct_decoder_passes_exact_mode_with_every_processor(pair, cache, processor):
+    """T=1, tokens = gamma + 2: a whole round, bonus included, under each penalty / filter / ban."""
+    sampling = PROCESSORS[processor]
+    result = audit(pair, cache, "speculative", sampling)
+    row = result.summary.iloc[0]
+    assert row.reference == "exact" and row.tests >= 20 and processor in row.sampling
+    assert row.verdict == "pass", result.tests.sort_values("p_value").head()
+
+
+def test_penalty_committed_only_fails_statistically_without_top_k(pair, cache):
+    """Without top-k no impossible token appears: the chi-square tests alone catch the missing drafts."""
+    result = audit(pair, cache, "broken:penalty_committed_only", PROCESSORS["repetition_penalty"])
+    assert result.summary.iloc[0].verdict == "FAIL" and set(result.tests["kind"]) == {"gof"}
+    assert result.tests["p_adjusted"].min() < 1e-4
+
+
 def test_greedy_audit_checks_the_support(pair, cache):
     """Greedy: p is one-hot, the only check is that no other continuation ever appears."""
     greedy = SamplingConfig()
     settings = AuditSettings(samples=256)
-    good = audit(pair, cache, "specbench", greedy, settings)
+    good = audit(pair, cache, "speculative", greedy, settings)
     assert good.summary.iloc[0].verdict == "pass" and good.summary.iloc[0].tests == 0 and good.notes
     bad = audit(pair, cache, "broken:bonus_wrong_position", greedy, settings)
     assert bad.summary.iloc[0].verdict == "FAIL" and "support" in set(bad.tests["kind"])
@@ -252,7 +275,7 @@ def test_hf_assisted_rejects_batches_and_maps_sampling(pair):
         hf_assisted_decode(target, None, [[1, 2]], 2, PLAIN, 4, set(), 0, PhaseTimer())
     # transformers fills an omitted top_k with its global default 50: it must be passed explicitly
     config, _ = target._prepare_generation_config(None, **generate_kwargs(PLAIN, 4, set()))
-    assert config.top_k is None and config.top_p == 1.0 and config.temperature == 1.0
+    assert not config.top_k and config.top_p == 1.0 and config.temperature == 1.0  # 0 / None: no top-k filter
     assert config.eos_token_id is None  # no EOS at all, not the model's default
     config, _ = target._prepare_generation_config(None, **generate_kwargs(TOPK, 4, {2}))
     assert config.top_k == 5 and config.eos_token_id == [2]
@@ -272,8 +295,8 @@ def test_hf_assisted_sampling_passes_a_small_exact_audit(pair, cache):
 
 def test_cli_writes_report_and_gates_on_failure(tmp_path, capsys):
     common = ["--pair", "tiny", "--top-k", "5", "--samples", "1500", "--threads", "1"]
-    assert main([*common, "--decoder", "specbench", "--out", str(tmp_path / "ok")]) == 0
-    assert main([*common, "--decoder", "specbench", "--decoder", "broken:raw_q", "--out", str(tmp_path / "bad")]) == 1
+    assert main([*common, "--decoder", "speculative", "--out", str(tmp_path / "ok")]) == 0
+    assert main([*common, "--decoder", "speculative", "--decoder", "broken:raw_q", "--out", str(tmp_path / "bad")]) == 1
     md = (tmp_path / "bad" / "audit.md").read_text()
     assert "broken:raw_q" in md and "**FAIL**" in md and "| pass |" in md
     import pandas as pd
@@ -282,7 +305,48 @@ def test_cli_writes_report_and_gates_on_failure(tmp_path, capsys):
     assert list(table["verdict"]) == ["pass", "FAIL"]
     assert {"p_value", "tv", "tv_lo", "tv_hi", "detectable_tv", "samples"} <= set(table.columns)
     with pytest.raises(SystemExit):
-        main(["--decoder", "specbench", "--tokens", "2"])
+        main(["--decoder", "speculative", "--tokens", "2"])
+
+
+def test_cli_processor_flags(tmp_path, capsys):
+    common = [
+        "--pair",
+        "tiny",
+        "--top-k",
+        "5",
+        "--samples",
+        "1500",
+        "--threads",
+        "1",
+        "--repetition-penalty",
+        "1.5",
+        "--banned-token-ids",
+        "3,8",
+        "--banned-sequences",
+        "1,2;4,5,6",
+        "--min-p",
+        "0.05",
+    ]
+    out = tmp_path / "pen"
+    assert (
+        main([*common, "--decoder", "speculative", "--decoder", "broken:penalty_committed_only", "--out", str(out)])
+        == 1
+    )
+    import pandas as pd
+
+    table = pd.read_csv(out / "audit.csv")
+    assert list(table["verdict"]) == ["pass", "FAIL"]
+    assert table["sampling"][0] == (
+        "T=1 top_k=5 min_p=0.05 repetition_penalty=1.5 banned_token_ids=[3,8] banned_sequences=[[1,2],[4,5,6]]"
+    )
+    for bad in (
+        ["--repetition-penalty", "0"],
+        ["--min-p", "2"],
+        ["--banned-token-ids", "a,b"],
+        ["--frequency-penalty", "3"],
+    ):
+        with pytest.raises(SystemExit):
+            main(["--decoder", "speculative", *bad])
 
 
 # ----------------------------------------------------------------------------- false alarms
@@ -299,7 +363,7 @@ def test_false_alarm_rate_of_the_correct_decoder(pair):
     cache, fails = {}, 0
     for seed in range(100):
         settings = AuditSettings(seed=seed, bootstrap=0)
-        decoder = specbench_decoder(target, draft, 2, TOPK, set(), settings.batch_size)
+        decoder = speculative_decoder(target, draft, 2, TOPK, set(), settings.batch_size)
         result = run_audit(target, decoder, [list(p) for p in TINY_PROMPTS], TOPK, set(), settings, cache=cache)
         fails += not result.passed
     assert fails <= 4

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.generation.logits_process import TopKLogitsWarper
 
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
+from specbench.decoding.hf_assisted import hf_assisted_decode
 from specbench.decoding.kvcache import CachedLM
-from specbench.models.quant import quantize_w8a16
 from specbench.decoding.sampling import SamplingConfig
+from specbench.decoding.timing import PhaseTimer
+from specbench.models.quant import quantize_w8a16
 
 from conftest import VOCAB, tiny_llama
 
@@ -18,8 +21,10 @@ GREEDY = SamplingConfig()
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)  # fmt: skip
+    """transformers' greedy continuation (an explicit all-ones mask: else token 0, the pad id, is masked out)."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
     return out[0, len(prompt):].tolist()
 
 
@@ -172,3 +177,84 @@ def test_compaction_keeps_the_committed_kv(target):
         with torch.inference_mode():
             ref = target(input_ids=torch.tensor([seqs[row] + [nxt[row, 0].item()]])).logits[0, -1]
         torch.testing.assert_close(logits[row], ref, rtol=1e-9, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- TTFT, one definition for every decoder
+
+
+class ForwardClock(PhaseTimer):
+    """Instrumentation: a timer whose 'seconds' count model forwards (1000 per target forward, 1 per draft forward)."""
+
+    def __init__(self, target, draft) -> None:
+        super().__init__("cpu")
+        self.now = 0
+        self.hooks = [target.register_forward_pre_hook(lambda *_: self._tick(1000)),
+                      draft.register_forward_pre_hook(lambda *_: self._tick(1))]  # fmt: skip
+
+    def _tick(self, n: int) -> None:
+        self.now += n
+
+    def mark(self) -> int:
+        self._marks.append(float(self.now))
+        return len(self._marks) - 1
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+def _first_round_tokens(target, draft, prompt: list[int], gamma: int) -> int:
+    """Tokens of transformers' first greedy assisted round: the draft's matching prefix + 1."""
+    ref, drafted = hf_greedy(target, prompt, gamma), hf_greedy(draft, prompt, gamma)
+    matched = next((i for i, (a, b) in enumerate(zip(ref, drafted)) if a != b), gamma)
+    return matched + 1
+
+
+@pytest.mark.parametrize("decoder", ["speculative", "autoregressive", "hf_assisted"])
+def test_ttft_ends_when_the_first_token_is_available(decoder, target, close_draft, prompts):
+    """TTFT is measured from the call to the first committed token(s), on one clock for every decoder:
+    specbench's decoders need the target's prefill only (the draft prefills afterwards), transformers'
+    assisted generation delivers its first round (gamma drafts, one verify) as its first chunk."""
+    gamma = 3
+    prompt = next(p for p in prompts if _first_round_tokens(target, close_draft, p, gamma) > 1)
+    clock = ForwardClock(target, close_draft)
+    try:
+        if decoder == "speculative":
+            result = speculative_decode(CachedLM(target), ModelDraft(close_draft), [prompt], gamma, GREEDY, 12, set(),
+                                        timer=clock)  # fmt: skip
+        elif decoder == "autoregressive":
+            result = autoregressive_decode(CachedLM(target), [prompt], GREEDY, 12, set(), timer=clock)
+        else:
+            result = hf_assisted_decode(target, close_draft, [prompt], gamma, GREEDY, 12, set(), 0, clock)
+    finally:
+        clock.remove()
+    record = result.requests[0]
+    target_forwards, draft_forwards = divmod(round(record.ttft), 1000)
+    assert target_forwards == 1, record  # the first token(s) come out of the target's first forward
+    if decoder == "hf_assisted":
+        assert draft_forwards == gamma, record
+        assert record.first_chunk_tokens == _first_round_tokens(target, close_draft, prompt, gamma) > 1
+    else:
+        assert draft_forwards == 0, record  # no draft work before the user has the first token
+        assert record.first_chunk_tokens == 1
+    assert record.wall_time > record.ttft and record.new_tokens == 12
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9)])
+def test_hf_assisted_draft_gets_no_hidden_top_k(sampling, target, close_draft, prompts, monkeypatch):
+    """With top_k=0 neither transformers' target nor its assistant builds a top-k filter (it used to fill 50)."""
+    built = []
+    init = TopKLogitsWarper.__init__
+
+    def counting_init(self, top_k, *args, **kwargs):
+        built.append(top_k)
+        init(self, top_k, *args, **kwargs)
+
+    monkeypatch.setattr(TopKLogitsWarper, "__init__", counting_init)
+    before = close_draft.generation_config.to_dict()
+    hf_assisted_decode(target, close_draft, [prompts[0]], 3, sampling, 8, set(), 0, PhaseTimer())
+    assert built == []
+    assert close_draft.generation_config.to_dict() == before  # the assistant's settings are restored
+    hf_assisted_decode(target, close_draft, [prompts[0]], 3, SamplingConfig(temperature=1.0, top_k=5), 8, set(), 0,
+                       PhaseTimer())  # fmt: skip
+    assert built and set(built) == {5}  # a requested top-k reaches p and q alike

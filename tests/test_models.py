@@ -33,7 +33,7 @@ def test_bad_sampling_names_field_value_and_allowed(kwargs, message):
     [
         ({"gamma": 0}, r"gamma=0: must be an integer >= 1"),
         ({"batch_size": 0}, r"batch_size=0: must be an integer >= 1"),
-        ({"decoder": "vllm"}, r"decoder='vllm': must be one of \['specbench', 'hf_assisted'\]"),
+        ({"decoder": "vllm"}, r"decoder='vllm': must be one of \['speculative', 'hf_assisted'\]"),
         ({"draft": DraftConfig(kind="model")}, r"draft.kind='model' needs pair.draft.source"),
     ],
 )

@@ -4,33 +4,45 @@ recommendation table. Real decoder runs on the tiny shape-only pair (seconds); n
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import optuna
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
+from scipy import stats
 
-from specbench.models import pair as pair_module
 from specbench.app import CONF_DIR, to_config
-from specbench.tune import (
-    REC_COLUMNS,
-    TuneConfig,
-    _make_pruner,
-    compare,
-    open_storage,
-    recommendation_table,
-    run_tune,
-    write_recommendations,
-)
+from specbench.bench.job import encode_workload, run_job
+from specbench.bench.protocol import CT_KEYS
+from specbench.bench.runstore import load_sweep
+from specbench.config import TuneConfig
+from specbench.models import pair as pair_module
+from specbench.tune.objectives import OBJECTIVES, Objective
+from specbench.tune.paired import compact, objective_value, paired_p, reference_throughput
+from specbench.tune.profile import model_choice
+from specbench.tune.recommend import REC_COLUMNS, recommendation_table, write_recommendations
+from specbench.tune.runner import Runner, run_tune
+from specbench.tune.study import PairedPruner, open_storage, plan_studies
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["+tune=gamma", "pair=tiny", "draft=model", "workload=synthetic", "workload.n_prompts=2",
-        "workload.prompt_tokens=16", "max_new_tokens=8", "tune.gamma_max=4"]  # fmt: skip
+TINY = [
+    "+tune=gamma",
+    "pair=tiny",
+    "draft=model",
+    "workload=synthetic",
+    "workload.n_prompts=2",
+    "workload.prompt_tokens=16",
+    "max_new_tokens=8",
+    "tune.gamma_max=4",
+]
 
 
 def compose_config(overrides: list[str]):
@@ -51,9 +63,17 @@ def finished(study) -> list:
         ("tune.gamma_max=0", ["tune.gamma_max=0", "integer >= 1"]),
         ("tune.drafts=[]", ["tune.drafts=[]", "'model', 'w8a16', 'ngram'"]),
         ("tune.drafts=[eagle]", ["tune.drafts=['eagle']", "'eagle'", "'model', 'w8a16', 'ngram'"]),
-        ("tune.objective=fast", ["tune.objective='fast'", "'throughput', 'speedup', 'latency_mean', 'latency_p95'"]),
+        (
+            "tune.objective=speedup",
+            [
+                "tune.objective='speedup'",
+                "'throughput', 'throughput_speedup', 'latency_speedup', 'latency_mean', 'latency_p95'",
+            ],
+        ),
         ("tune.sampler=cmaes", ["tune.sampler='cmaes'", "'local', 'tpe', 'random', 'grid'"]),
         ("tune.prune_margin=1.5", ["tune.prune_margin=1.5", "[0, 1)"]),
+        ("tune.prune_alpha=0", ["tune.prune_alpha=0", "(0, 1)"]),
+        ("tune.prune_after=1", ["tune.prune_after=1", "integer >= 2"]),
     ],
 )
 def test_bad_search_space_fails_before_any_model_loads(override, expect):
@@ -72,8 +92,13 @@ def test_draft_kind_the_pair_cannot_serve_is_rejected():
 
 
 def test_cli_reports_bad_config_without_traceback(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "specbench", "+tune=gamma", "tune.gamma_max=0", f"runs_dir={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "specbench", "+tune=gamma", "tune.gamma_max=0", f"runs_dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert "tune.gamma_max=0" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "tune" / "optuna.db").exists()
@@ -93,8 +118,18 @@ def test_study_runs_resumes_and_enqueues_the_cost_model_gamma_first(tmp_path):
     assert t0.user_attrs["source"] == "cost_model"
     assert t0.params == {"draft": model["draft"], "gamma": model["gamma"]}
     assert 1 <= model["gamma"] <= 4 and model["source"] == "profile"
-    batches = t0.user_attrs["batches"]  # raw per-batch measurements, both decoders
-    assert {b["batch"] for b in batches} == {0, 1} and all(b["ar"]["wall_time"] and b["spec"]["new_tokens"] for b in batches)
+    rows = pd.DataFrame(t0.user_attrs["requests"])  # the trial's request rows, both decoders
+    assert set(rows["batch"]) == {0, 1} and set(rows["decoder"]) == {"autoregressive", "speculative"}
+    # Trials go through the jobs' protocol: the same labelled rows, telemetry, and C_t(k) keys.
+    study_dir = next((tmp_path / "run1" / "trials").iterdir())
+    trial_rows = pd.read_parquet(study_dir / "trial-0000" / "requests.parquet")
+    assert {"prompt_id", "category", "gamma_setting", "draft_kind", "repeat", "batch"} <= set(trial_rows.columns)
+    assert set(trial_rows.loc[trial_rows.decoder == "speculative", "gamma_setting"]) == {model["gamma"]}
+    assert (study_dir / "trial-0000" / "telemetry.json").is_file()
+    assert set(CT_KEYS) <= set(pd.read_parquet(study_dir / "profile-ct-model" / "ct.parquet").columns)
+    # The profile's reference throughput is the batch-wall definition.
+    profile = pd.read_parquet(study_dir / "profile-model" / "requests.parquet")
+    assert study.user_attrs["reference"]["ar_tok_s"] == pytest.approx(reference_throughput(profile))
 
     run_tune(compose_config(base + ["tune.n_trials=4"]), tmp_path / "run2")
     study = optuna.load_study(study_name=study.study_name, storage=url)
@@ -114,12 +149,27 @@ def test_study_runs_resumes_and_enqueues_the_cost_model_gamma_first(tmp_path):
 
 def test_two_workers_share_one_journal_study(tmp_path):
     journal = tmp_path / "optuna.journal"
-    args = TINY + ["workload.n_prompts=3", "max_new_tokens=24", "tune.n_trials=10", "tune.sampler=random",
-                   "tune.prune=false", f"tune.storage=journal:{journal}", f"runs_dir={tmp_path}"]  # fmt: skip
+    args = TINY + [
+        "workload.n_prompts=3",
+        "max_new_tokens=24",
+        "tune.n_trials=10",
+        "tune.sampler=random",
+        "tune.prune=false",
+        f"tune.storage=journal:{journal}",
+        f"runs_dir={tmp_path}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "specbench", *args, f"hydra.run.dir={tmp_path / f'w{i}'}"],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "specbench", *args, f"hydra.run.dir={tmp_path / f'w{i}'}"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
 
@@ -137,60 +187,161 @@ def test_two_workers_share_one_journal_study(tmp_path):
     assert {t.user_attrs["worker"] for t in trials} <= {r["worker"] for r in runs}
 
 
-# --------------------------------------------------------------------------- pruning and the table
+# --------------------------------------------------------------------------- the table and the paired test
 
 
-def _record(batch: int, speedup: float, ar_wall: float = 8.0, tokens: int = 64) -> dict:
-    return {"batch": batch, "repeat": 0, "prompt_ids": [f"p{batch}"], "first": "autoregressive",
-            "spec": {"new_tokens": [tokens], "wall_time": [ar_wall / speedup], "ttft": [0.1]},
-            "ar": {"new_tokens": [tokens], "wall_time": [ar_wall], "ttft": [0.1]},
-            "rounds": 10, "drafted": 40, "accepted": 36}  # fmt: skip
+def _requests(speedups: list[float], ar_wall: float = 8.0, tokens: int = 64) -> dict:
+    """Stored request rows of a B=1 trial: per batch b, an AR row and a speculative row `speedups[b]` faster."""
+    rows = []
+    for b, s in enumerate(speedups):
+        for dec, wall in (("autoregressive", ar_wall), ("speculative", ar_wall / s)):
+            rows.append(
+                {
+                    "decoder": dec,
+                    "repeat": 0,
+                    "batch": b,
+                    "row": 0,
+                    "prompt_id": f"p{b}",
+                    "new_tokens": tokens,
+                    "wall_time": wall,
+                    "ttft": 0.1,
+                }
+            )
+    return compact(pd.DataFrame(rows))
 
 
 def _synthetic_study(per_gamma: dict[int, list[float]]):
     study = optuna.create_study(direction="maximize")
     ref = {"ar_tok_s": 8.0, "ar_latency": 0.125}
-    for k, v in {"specbench_tune": 1, "objective": "throughput", "reference": ref, "workload": "builtin",
-                 "categories": "summarization", "batch_size": 1, "sampling": "greedy",
-                 "model": {"gamma": 4, "speedup": 1.6, "decode_s": 3.0}}.items():  # fmt: skip
+    for k, v in {
+        "specbench_tune": 1,
+        "objective": "throughput",
+        "reference": ref,
+        "workload": "builtin",
+        "categories": "summarization",
+        "batch_size": 1,
+        "sampling": "greedy",
+        "model": {"gamma": 4, "speedup": 1.6, "decode_s": 3.0},
+    }.items():
         study.set_user_attr(k, v)
     dist = {"draft": CategoricalDistribution(["w8a16"]), "gamma": IntDistribution(1, 8)}
     for g, speedups in per_gamma.items():
-        recs = [_record(i, s) for i, s in enumerate(speedups)]
-        study.add_trial(create_trial(params={"draft": "w8a16", "gamma": g}, distributions=dist,
-                                     value=8.0 * sorted(speedups)[len(speedups) // 2],
-                                     user_attrs={"batches": recs, "decode_s": 20.0}))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                params={"draft": "w8a16", "gamma": g},
+                distributions=dist,
+                value=8.0 * float(np.median(speedups)),
+                user_attrs={"requests": _requests(speedups), "decode_s": 20.0},
+            )
+        )
     return study
 
 
 def test_recommendation_flags_indistinguishable_gammas(tmp_path):
-    study = _synthetic_study({2: [1.10, 1.12, 1.08, 1.11], 4: [1.50, 1.55, 1.60, 1.52], 5: [1.53, 1.49, 1.58, 1.56]})
+    study = _synthetic_study(
+        {
+            2: [1.10, 1.12, 1.08, 1.11, 1.09, 1.13, 1.10, 1.12],
+            4: [1.50, 1.55, 1.60, 1.52, 1.57, 1.49, 1.56, 1.53],
+            5: [1.53, 1.49, 1.58, 1.56, 1.55, 1.52, 1.54, 1.57],
+        }
+    )
     table = recommendation_table([study])
     assert list(table.columns[: len(REC_COLUMNS)]) == REC_COLUMNS
     (row,) = table.to_dict(orient="records")
     assert row["draft"] == "w8a16" and row["gamma"] == 5  # best median of the per-batch values
-    assert row["speedup_lo"] <= row["speedup"] <= row["speedup_hi"] and row["verdict"] == "faster"
-    assert row["tok_s"] == pytest.approx(row["speedup"] * 8.0)
+    assert row["throughput_speedup_lo"] <= row["throughput_speedup"] <= row["throughput_speedup_hi"]
+    assert row["verdict"] == "faster" and row["latency_speedup"] == pytest.approx(row["throughput_speedup"])  # B=1
+    assert row["deploy"] == "γ=5"
+    assert row["ar_tok_s"] == pytest.approx(8.0) and row["tok_s"] == pytest.approx(row["throughput_speedup"] * 8.0)
     assert row["n_trials"] == 3 and row["n_complete"] == 3 and row["model_gamma"] == 4
     assert row["indistinguishable"].startswith("γ=5 ≈ γ=4 (p=") and "γ=2" not in row["indistinguishable"]
     assert [a["gamma"] for a in row["alternatives"]] == [4] and row["alternatives"][0]["p"] > 0.05
     assert row["decode_s"] == pytest.approx(3.0 + 3 * 20.0)
-    assert compare([1.10, 1.12, 1.08, 1.11], [1.50, 1.55, 1.60, 1.52]) < 0.05  # fully separated: distinguishable
     write_recommendations(table, tmp_path)
     assert json.loads((tmp_path / "recommendations.json").read_text())[0]["gamma"] == 5
-    assert "γ=5 ≈ γ=4" in (tmp_path / "recommendations.md").read_text()
+    md = (tmp_path / "recommendations.md").read_text()
+    assert "γ=5 ≈ γ=4" in md and "throughput speedup" in md and "latency speedup" in md
     assert (tmp_path / "recommendations.csv").read_text().splitlines()[0].split(",")[: len(REC_COLUMNS)] == REC_COLUMNS
 
 
-def test_pruner_compares_on_the_same_batches():
-    study = optuna.create_study(direction="maximize", pruner=_make_pruner(0.10, 1, "maximize", True))
-    best = study.ask()
-    for step, v in enumerate([10.0, 12.0, 11.0]):
-        best.report(v, step)
-    study.tell(best, 11.0)
-    bad, close = study.ask(), study.ask()
-    bad.report(8.5, 0)  # 15% worse on batch 0
-    close.report(9.5, 0)  # 5% worse: within noise, keep measuring
-    assert bad.should_prune() and not close.should_prune()
-    close.report(13.0, 1)
-    assert not close.should_prune()
+def test_uniformly_slower_alternative_is_not_called_indistinguishable():
+    """Issue 10, defect 3: 7% slower on every one of 7 batches is a real difference. An unpaired
+    test on per-batch values (batches differ a lot from each other) called it '≈' with p = 0.54."""
+    best = [1.20, 1.50, 1.30, 1.70, 1.40, 1.60, 1.25]
+    (row,) = recommendation_table([_synthetic_study({4: best, 3: [0.93 * s for s in best]})]).to_dict("records")
+    assert row["gamma"] == 4
+    assert row["indistinguishable"] == "" and row["alternatives"] == []
+    assert paired_p(dict(enumerate(best)), {b: 0.93 * s for b, s in enumerate(best)}) < 0.05
+
+
+def _prune_rate(
+    shift: float, sigma: float, sims: int, seed: int, n_batches: int = 8, margin: float = 0.03, alpha: float = 0.05
+) -> float:
+    """Fraction of simulated trials the paired pruner prunes: per-batch speedups = the best's × exp(shift + noise)."""
+    rng = np.random.default_rng(seed)
+    pruned = 0
+    for _ in range(sims):
+        study = optuna.create_study(direction="maximize", pruner=PairedPruner(margin, alpha, 2, n_batches))
+        base = rng.uniform(1.0, 2.0, n_batches)  # batches differ far more than the configurations do
+        best = study.ask()
+        for step, v in enumerate(base):
+            best.report(float(v), step)
+        study.tell(best, float(np.median(base)))
+        trial = study.ask()
+        for step in range(n_batches - 1):  # the last batch is never a look: the trial is done then
+            trial.report(float(base[step] * np.exp(shift + rng.normal(0.0, sigma))), step)
+            if trial.should_prune():
+                pruned += 1
+                break
+        study.tell(trial, 0.0)
+    return pruned / sims
+
+
+def test_pruner_keeps_its_stated_error_rate():
+    """Issue 10, defect 3: a trial equal to the best (or exactly `prune_margin` worse, the worst
+    case of "not worse by more than the margin") is pruned at most at tune.prune_alpha = 5%.
+    The old rule (median ratio < 0.97 after 2 batches) pruned a third of the equal ones."""
+    sims = 300
+    for shift in (0.0, math.log(0.97)):
+        rate = _prune_rate(shift, sigma=0.05, sims=sims, seed=1)
+        assert stats.binomtest(round(rate * sims), sims, 0.05, alternative="greater").pvalue > 0.01, (shift, rate)
+    assert _prune_rate(math.log(0.80), sigma=0.02, sims=50, seed=2) > 0.9  # clearly worse: pruned
+
+
+def test_prior_sweep_reference_is_the_batch_throughput(tmp_path):
+    """Issue 10, defect 4: with tune.prior_sweep the reference AR tokens/s was Σ tokens ÷ Σ
+    per-request walls (≈ B× too low); it must be the profile's definition, Σ batch tokens ÷ Σ batch walls."""
+    job = [
+        "pair=tiny",
+        "draft=model",
+        "workload=synthetic",
+        "workload.n_prompts=8",
+        "workload.prompt_tokens=16",
+        "max_new_tokens=8",
+        "batch_size=4",
+        "gamma=2",
+        "warmup=0",
+    ]
+    assert run_job(compose_config(job), tmp_path / "sweep" / "g2")
+    cfg = compose_config(["+tune=gamma", *job, f"tune.prior_sweep={tmp_path / 'sweep'}", "tune.gamma_max=3"])
+    runner = Runner(cfg, tmp_path / "tune")
+    (spec,) = plan_studies(cfg, encode_workload(cfg, runner.pair("model")))
+    model, reference = model_choice(cfg, spec, runner)[:2]
+    assert model["source"].startswith("prior_sweep")
+
+    requests = load_sweep(tmp_path / "sweep", "requests")
+    ar = requests[requests.decoder == "autoregressive"]
+    batch_wall = ar.groupby(["repeat", "batch"])["wall_time"].max().sum()
+    assert reference["ar_tok_s"] == pytest.approx(ar["new_tokens"].sum() / batch_wall)
+    assert reference["ar_tok_s"] == pytest.approx(reference_throughput(requests))  # the profile's definition
+    assert ar["wall_time"].sum() > 2 * batch_wall  # the rows of a B=4 batch overlap: per-request walls over-count
+
+
+def test_a_new_objective_needs_one_registration():
+    OBJECTIVES.register("toy_min_speedup", Objective("maximize", "x", "throughput_speedup", lambda s: float(np.min(s))))
+    try:
+        assert TuneConfig(objective="toy_min_speedup").objective == "toy_min_speedup"
+        rows = pd.DataFrame(_requests([1.5, 1.2, 1.8]))
+        assert objective_value(rows.assign(job="t"), "toy_min_speedup", {}) == pytest.approx(1.2)
+    finally:
+        OBJECTIVES.unregister("toy_min_speedup")

@@ -55,6 +55,44 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16",
+             "amx_int8")  # the flags that decide which bf16/int8 kernels a CPU runs
+
+
+def cpu_isa() -> dict[str, Any]:
+    """The CPU's vector ISA as it matters for timings: flags present and the kernels torch dispatches to.
+
+    `torch_capability` honours ATEN_CPU_CAPABILITY (e.g. `avx2` forces the AVX2 kernels on an
+    AVX-512 machine), so it, not the flags alone, says which code path was measured.
+    """
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # torch missing or too old: the flags still tell
+        capability = None
+    return {"flags": [f for f in ISA_FLAGS if f in flags], "torch_capability": capability,
+            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
+
+
+def isa_label(isa: dict[str, Any] | None = None) -> str:
+    """Short ISA tag for labels: torch's kernel level, plus bf16/AMX support when those kernels can use it."""
+    isa = isa or cpu_isa()
+    level = (isa.get("torch_capability") or ("avx2" if "avx2" in isa["flags"] else "default")).lower()
+    extra = {"avx512_bf16": "bf16", "amx_bf16": "amx"}
+    tags = [tag for flag, tag in extra.items() if flag in isa["flags"] and level.startswith("avx512")]
+    return "+".join([level, *tags])
+
+
 def usable_cores() -> int | None:
     """CPUs this process may run on (affinity, e.g. under taskset/SLURM), else os.cpu_count()."""
     try:
@@ -201,6 +239,7 @@ def environment_record() -> dict[str, Any]:
             "logical_cores": os.cpu_count(),
             "usable_cores": usable_cores(),
             "torch_threads": threads,
+            "isa": cpu_isa(),
         },
         "memory": _memory(),
         "cuda": torch_info,
@@ -220,7 +259,7 @@ def _clean(name: str) -> str:
 
 
 def hardware_label(device: Any = None) -> str:
-    """Short label keying timing profiles: "cpu:AMD EPYC x2" or "cuda:NVIDIA H200".
+    """Short label keying timing profiles: "cpu:AMD EPYC avx2 x2" or "cuda:NVIDIA H200".
 
     `device` ("cpu", "cuda", "cuda:1", a torch.device; None = cuda if available
     else cpu) chooses which: a CPU run on a GPU machine is labelled cpu. The CPU
@@ -241,8 +280,8 @@ def hardware_label(device: Any = None) -> str:
         text = str(device)
         kind, _, idx = text.partition(":")
         index = int(idx) if idx else 0
-    if kind == "cpu":
-        return f"cpu:{_clean(cpu_model())} x{usable_cores()}"
+    if kind == "cpu":  # the ISA is part of the hardware: AVX2-only and AVX-512-bf16 EPYCs time differently
+        return f"cpu:{_clean(cpu_model())} {isa_label()} x{usable_cores()}"
     if kind == "cuda":
         try:
             import torch

@@ -345,11 +345,6 @@ def _rel(root: Path, job: Path) -> str:
     return job.relative_to(root).as_posix() or "."
 
 
-def list_jobs(sweep_dir: PathLike) -> list[Path]:
-    """Directories of all DONE jobs under `sweep_dir` (any depth), sorted."""
-    return _job_dirs(_check_sweep_dir(sweep_dir), DONE_FILE)
-
-
 def load_sweep(sweep_dir: PathLike, table: str = "rounds") -> pd.DataFrame:
     """Concatenate `<table>.parquet` of every DONE job under `sweep_dir` (any depth).
 

@@ -269,3 +269,51 @@ def _select(
     if not selected:
         raise WorkloadError(f"no prompts in {where}")
     return selected
+
+
+# --- context-length padding ------------------------------------------------------------
+
+CONTEXT_CATEGORIES = ("summarization", "rag")  # long real passages used to lengthen prompts
+
+
+def context_documents(kind: str, path: str | Path | None = None) -> list[Prompt]:
+    """The long real passages of a workload file (its summarization and rag prompts, file order) for `pad_to_tokens`."""
+    prompts = load_workload(kind, path)
+    docs = [p for p in prompts if p.category in CONTEXT_CATEGORIES]
+    if not docs:
+        raise WorkloadError(f"workload.context_tokens needs long passages: {kind} workload {path or ''} has no "
+                            f"prompts in categories {list(CONTEXT_CATEGORIES)}")
+    return docs
+
+
+def pad_to_tokens(prompt: Prompt, tokenizer: Any, tokens: int, documents: list[Prompt]) -> list[int]:
+    """Token ids of `prompt` lengthened to at most `tokens` (short by a token or two at most) with real text.
+
+    The other documents' first turns (instructions included), in order, are put in front of the prompt's
+    own last user turn as "Reference material", cut at the token boundary that fits, so the prompt's
+    instruction or question still comes last. A prompt
+    already at least `tokens` long is returned whole: the real length is recorded in `prompt_tokens`.
+    """
+    def encode(p: Prompt) -> list[int]:
+        return tokenizer(render_prompt(p, tokenizer), add_special_tokens=False)["input_ids"]
+
+    ids = encode(prompt)
+    if len(ids) >= tokens:
+        return ids
+    filler = tokenizer("\n\n".join(d.messages[0]["content"] for d in documents if d.prompt_id != prompt.prompt_id),
+                       add_special_tokens=False)["input_ids"]
+    last = prompt.messages[-1]
+
+    def padded(n: int) -> list[int]:
+        content = f"Reference material:\n\n{tokenizer.decode(filler[:n])}\n\n---\n\n{last['content']}"
+        return encode(Prompt(prompt.prompt_id, prompt.category, prompt.messages[:-1] + [{**last, "content": content}],
+                             prompt.source))
+
+    if len(padded(len(filler))) < tokens:
+        raise WorkloadError(f"workload.context_tokens={tokens}: the {len(documents)} context documents hold only "
+                            f"{len(filler)} tokens; use fewer tokens or a workload with longer passages (spec_bench)")
+    lo, hi = 0, len(filler)  # largest n with len(padded(n)) <= tokens (length grows with n, up to merges)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if len(padded(mid)) <= tokens else (lo, mid - 1)
+    return padded(lo)

@@ -20,7 +20,7 @@ from specbench.decoding.acceptance import Acceptance, rejection_sample
 from specbench.decoding.drafts import Draft
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
-from specbench.decoding.sampling import SamplingConfig, process_logits, sample
+from specbench.decoding.sampling import SamplingConfig, TokenContext, process_logits, sample
 from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host
 
 
@@ -43,6 +43,16 @@ class _Batch:
     finished_by: dict[int, str] = field(default_factory=dict)
     finish_mark: dict[int, int] = field(default_factory=dict)
     rounds_of: dict[int, int] = field(default_factory=dict)
+    kv_bytes: dict[int, tuple[int, int]] = field(default_factory=dict)  # row -> (target, draft) KV bytes at its end
+    vocab_size: int = 0  # set at prefill: the size of the processors' context
+
+    def context(
+        self, sampling: SamplingConfig, device: torch.device | str, context_class: type[TokenContext] = TokenContext
+    ) -> TokenContext | None:
+        """The active rows' context for the logits processors (None when no processor reads it)."""
+        rows = self.active
+        return context_class.build(sampling, [self.seqs[r] for r in rows], [self.prompt_lens[r] for r in rows],
+                                   self.vocab_size, device)  # fmt: skip
 
     def commit(self, row: int, new: list[int]) -> int:
         """Append up to EOS / max_new_tokens; returns how many tokens were appended."""
@@ -64,12 +74,17 @@ class _Batch:
         for row in self.finished_by:
             self.finish_mark.setdefault(row, mark)
 
-    def drop_finished(self, *holders) -> None:
+    def drop_finished(self, target: CachedLM, draft: Draft | None = None) -> None:
+        """Drop finished rows from the caches, recording the KV bytes each held at its end."""
         keep = [i for i, row in enumerate(self.active) if row not in self.finished_by]
         if len(keep) < len(self.active):
+            kv = (target.row_kv_bytes(), draft.row_kv_bytes() if draft is not None else 0)
+            for row in self.active:
+                if row in self.finished_by:
+                    self.kv_bytes.setdefault(row, kv)
             self.active = [self.active[i] for i in keep]
             if self.active:
-                for holder in holders:
+                for holder in (target, draft) if draft is not None else (target,):
                     holder.select_rows(keep)
 
 
@@ -77,8 +92,8 @@ def _start(
     target: CachedLM, prompts: list[list[int]], max_new_tokens: int, eos: set[int], sampling, generator, timer,
     draft: Draft | None = None,
 ) -> tuple[_Batch, int, int]:
-    """Prefill the target (and the draft: its prefill is part of the time to first token)
-    and commit the first token from the target's distribution (TTFT ends here)."""
+    """Prefill the target and commit the first token from its distribution (TTFT ends here,
+    with the token on the host), then prefill the draft: the user already has that token."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -86,15 +101,17 @@ def _start(
     batch = _Batch([list(p) for p in prompts], [len(p) for p in prompts], max_new_tokens, eos)
     batch.active = list(range(len(prompts)))
     start = timer.mark()
-    p0 = process_logits(target.prefill(batch.seqs), sampling)
-    if draft is not None:
-        draft.prefill(batch.seqs)
+    logits = target.prefill(batch.seqs)  # [B, V]
+    batch.vocab_size = logits.shape[-1]
+    p0 = process_logits(logits, sampling, batch.context(sampling, logits.device))
     (first,) = to_host(sample(p0, generator))
     first_mark = timer.mark()
     for row, tok in enumerate(first):
         batch.commit(row, [tok])
         batch.rounds_of[row] = 0
     batch.stamp(first_mark)
+    if draft is not None:
+        draft.prefill(batch.seqs)
     return batch, start, first_mark
 
 
@@ -108,6 +125,9 @@ def _requests(batch: _Batch, seconds: list[float], start: int, first_mark: int) 
             wall_time=seconds[batch.finish_mark[row]] - seconds[start],
             ttft=seconds[first_mark] - seconds[start],
             finished_by=batch.finished_by[row],
+            first_chunk_tokens=1,  # the target's prefill delivers one token
+            kv_bytes_target=batch.kv_bytes[row][0],
+            kv_bytes_draft=batch.kv_bytes[row][1],
         )
         for row in range(len(batch.seqs))
     ]
@@ -142,11 +162,13 @@ def speculative_decode(
     timer: PhaseTimer | None = None,
     on_round: Callable[[list[list[int]], list[int]], None] | None = None,
     rule: Callable[..., Acceptance] = rejection_sample,
+    context_class: type[TokenContext] = TokenContext,
 ) -> DecodeResult:
     """Draft gamma -> one target forward over gamma + 1 -> commit accepted + recovered/bonus.
 
     `on_round(seqs, rows)` sees the committed tokens after every round (cache checks in
-    tests); `rule` swaps the acceptance rule (the audit's deliberately broken variants).
+    tests); `rule` swaps the acceptance rule and `context_class` how the processors' per-position
+    contexts are built (the audit's deliberately broken variants).
     """
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma={gamma!r}: must be an integer >= 1")
@@ -159,12 +181,15 @@ def speculative_decode(
         seqs = [batch.seqs[r] for r in batch.active]
         context = [len(s) for s in seqs]
         m0, syncs0 = timer.mark(), host_syncs()
-        drafts, q = draft.propose(seqs, gamma, sampling, generator)  # [B, gamma], [B, gamma, V]
+        token_context = batch.context(sampling, target.device, context_class)  # None when no processor reads it
+        drafts, q = draft.propose(seqs, gamma, sampling, generator, token_context)  # [B, gamma], [B, gamma, V]
         m1 = timer.mark()
         last = to_device([[s[-1]] for s in seqs], target.device)
         logits = target.feed(torch.cat([last, drafts.to(target.device)], 1))  # [B, gamma + 1, V]
         m2 = timer.mark()
-        p = process_logits(logits, sampling)
+        # Position j of the verify step sees the committed tokens plus drafts[:, :j].
+        verify_context = None if token_context is None else token_context.expand(drafts.to(logits.device))
+        p = process_logits(logits, sampling, verify_context)
         result = rule(drafts.to(p.device), q.to(p.device), p, generator)
         # The one host sync a round needs: accepted counts, extra tokens and drafts in one copy.
         accepted, extra, drafted = to_host(result.accepted, result.extra_token, drafts.to(p.device))
@@ -206,7 +231,8 @@ def autoregressive_decode(
         m0, syncs0 = timer.mark(), host_syncs()
         logits = target.feed(to_device([[s[-1]] for s in seqs], target.device))[:, -1]
         m1 = timer.mark()
-        (tokens,) = to_host(sample(process_logits(logits, sampling), generator))  # the step's one host sync
+        p = process_logits(logits, sampling, batch.context(sampling, logits.device))
+        (tokens,) = to_host(sample(p, generator))  # the step's one host sync
         rows = list(batch.active)
         for i, row in enumerate(rows):
             batch.commit(row, [tokens[i]])

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specbench.decoding.kvcache import CachedLM
-from specbench.decoding.sampling import SamplingConfig, process_logits, sample
+from specbench.decoding.sampling import SamplingConfig, TokenContext, process_logits, sample
 from specbench.decoding.timing import to_device
 
 
@@ -21,12 +21,17 @@ class Draft(Protocol):
     name: str
 
     def prefill(self, prompts: list[list[int]]) -> None:
-        """Start a batch with these prompts (committed tokens so far)."""
+        """Start a batch with these rows' committed tokens so far (prompt + the first new token)."""
 
     def propose(
-        self, seqs: list[list[int]], gamma: int, sampling: SamplingConfig, generator: torch.Generator | None
+        self, seqs: list[list[int]], gamma: int, sampling: SamplingConfig, generator: torch.Generator | None,
+        context: TokenContext | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32."""
+        """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32.
+
+        `context` is the processors' context of the committed tokens (None when no processor
+        reads it); draft i must process its logits with `context` plus drafts 1..i-1.
+        """
 
     def commit(self, accepted: torch.Tensor, accepted_host: list[int]) -> None:
         """Roll back to the committed tokens after `accepted[b]` drafts passed in each row.
@@ -39,6 +44,9 @@ class Draft(Protocol):
     def select_rows(self, rows: list[int]) -> None:
         """Keep only these batch rows (indices into the current rows, ascending)."""
 
+    def row_kv_bytes(self) -> int:
+        """Bytes of KV cache each current row holds (0 for a draft without a cache)."""
+
 
 class ModelDraft:
     """A causal LM that shares the target's tokenizer, sampled autoregressively."""
@@ -49,22 +57,22 @@ class ModelDraft:
         self._gamma = 0
 
     def prefill(self, prompts: list[list[int]]) -> None:
-        # The last prompt token is left uncached: every round starts by feeding the
+        # The newest committed token is left uncached: every round starts by feeding the
         # row's uncached committed suffix, so the first proposal needs no special case.
-        self.lm.prefill([ids[:-1] if len(ids) > 1 else ids for ids in prompts])
-        if any(len(ids) == 1 for ids in prompts):
-            self.lm.uncache_last([int(len(ids) == 1) for ids in prompts])
+        # (The decoder calls this after the first new token, so every row has >= 2 tokens.)
+        self.lm.prefill([ids[:-1] for ids in prompts])
 
-    def propose(self, seqs, gamma, sampling, generator):
+    def propose(self, seqs, gamma, sampling, generator, context=None):
         logits = self.lm.feed_suffix(seqs)[:, -1]
         drafts, qs = [], []
         for i in range(gamma):
-            q = process_logits(logits, sampling)  # [B, V]
+            q = process_logits(logits, sampling, context)  # [B, V]
             token = sample(q, generator)  # [B]
             drafts.append(token)
             qs.append(q)
             if i + 1 < gamma:  # the last draft is fed next round, only if accepted
                 logits = self.lm.feed(token[:, None])[:, -1]
+                context = None if context is None else context.append(token)
         self._gamma = gamma
         return torch.stack(drafts, 1), torch.stack(qs, 1)
 
@@ -76,6 +84,9 @@ class ModelDraft:
 
     def select_rows(self, rows: list[int]) -> None:
         self.lm.select_rows(rows)
+
+    def row_kv_bytes(self) -> int:
+        return self.lm.row_kv_bytes()
 
 
 class NgramDraft:
@@ -110,7 +121,7 @@ class NgramDraft:
                     return follow + [follow[-1]] * (gamma - len(follow))
         return [seq[-1]] * gamma  # no match: a cheap guess, still verified losslessly
 
-    def propose(self, seqs, gamma, sampling, generator):
+    def propose(self, seqs, gamma, sampling, generator, context=None):
         drafts = to_device([self.lookup(s, gamma) for s in seqs], self.device)  # async on CUDA: no sync
         q = torch.zeros(*drafts.shape, self.vocab_size, device=self.device).scatter_(-1, drafts[..., None], 1.0)
         return drafts, q
@@ -120,3 +131,6 @@ class NgramDraft:
 
     def select_rows(self, rows: list[int]) -> None:
         pass
+
+    def row_kv_bytes(self) -> int:
+        return 0

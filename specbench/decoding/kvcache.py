@@ -16,6 +16,13 @@ counts it synced once per round; a method given only a tensor syncs it itself
 `to_device` (async on CUDA), and the attention mask is built here as a 4D mask
 so that transformers does not inspect the 2D mask's values on the host
 (`padding_mask.all()` in its SDPA mask path syncs on every 1-token forward).
+
+Sliding-window models (Mistral, Qwen2/Gemma2-style mixes of sliding and full
+layers): the cache keeps every committed token in every layer, and a sliding
+layer's mask lets a query see only the keys whose *position* (the row's count of
+valid columns before them) is within the window, so holes never count against it.
+With mixed layer types the model gets one mask per type, as transformers passes
+them (`{"full_attention": m, "sliding_attention": m2}`).
 """
 
 from __future__ import annotations
@@ -30,12 +37,59 @@ from specbench.decoding.timing import to_device, to_host
 # Attention implementations whose 4D mask we build ourselves (bool: True = attend;
 # eager: additive 0 / dtype-min). Any other gets the 2D mask and builds its own.
 _OWN_MASK = ("sdpa", "eager")
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # transformers' layer_types names
+
+
+def attention_windows(config) -> dict[str, int | None]:
+    """The model's attention layer types -> sliding window (None = full), read as transformers reads them.
+
+    `layer_types` when the config has it, else every layer slides when `sliding_window`
+    is set (Mistral). Any other layer type (chunked, linear, ...) is refused with a ValueError.
+    """
+    text = config.get_text_config(decoder=True)
+    window = getattr(text, "sliding_window", None)
+    types = getattr(text, "layer_types", None)
+    if types is None:
+        chunk = getattr(text, "attention_chunk_size", None)
+        if chunk is not None:
+            raise ValueError(f"model config attention_chunk_size={chunk!r}: specbench's KV cache supports only "
+                             "full and sliding-window attention")  # fmt: skip
+        types = [SLIDING_ATTENTION if window is not None else FULL_ATTENTION]
+    windows: dict[str, int | None] = {}
+    for i, layer_type in enumerate(types):
+        if layer_type not in (FULL_ATTENTION, SLIDING_ATTENTION):
+            raise ValueError(
+                f"model config layer_types[{i}]={layer_type!r}: specbench's KV cache supports only "
+                f"{[FULL_ATTENTION, SLIDING_ATTENTION]} layers"
+            )
+        if layer_type == SLIDING_ATTENTION and not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"model config sliding_window={window!r}: sliding layers need an integer >= 1")
+        windows[layer_type] = window if layer_type == SLIDING_ATTENTION else None
+    return windows
+
+
+def cache_row_kv_bytes(cache) -> int:
+    """Bytes one batch row holds in a transformers cache: Σ over layers of its keys and values
+    ([kv_heads, L, head_dim] each) × element size; 0 for an empty cache."""
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if t is not None and t.dim() == 4 and t.shape[0]:  # [B, kv_heads, L, head_dim]
+                total += t[0].numel() * t.element_size()
+    return total
 
 
 class CachedLM:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = model.device
+        self.windows = attention_windows(model.config)  # layer type -> sliding window (None: full)
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in _OWN_MASK and any(w is not None for w in self.windows.values()):
+            raise ValueError(
+                f"model config _attn_implementation={impl!r}: sliding-window layers need one of {list(_OWN_MASK)} "
+                "(their window must count each row's valid tokens, not cache columns)"
+            )
         self.cache = DynamicCache()
         self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, L] valid columns
         self.n_valid = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed tokens cached
@@ -57,7 +111,9 @@ class CachedLM:
         for ids in prompts:
             cache = DynamicCache()
             x = to_device([ids], self.device)
-            out = self.model(input_ids=x, cache=cache, use_cache=True)
+            # logits_to_keep=1: only the last position is sampled (the lm_head over every
+            # prompt position cost ~20% of prefill, paid by target and draft alike).
+            out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
             per_row.append(cache)
             last_logits.append(out.logits[0, -1])
         width = max(len(ids) for ids in prompts)
@@ -77,8 +133,11 @@ class CachedLM:
         self.runs = [[[width - n, width]] for n in lengths]
         return torch.stack(last_logits)
 
-    def _attention_mask(self, k: int) -> torch.Tensor:
-        """The mask for a forward of k new (valid) columns at the end of `self.mask`."""
+    def _attention_mask(self, k: int, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The mask for a forward of k new (valid) columns at the end of `self.mask`, at `positions` [B, k].
+
+        One 4D mask, or one per layer type when the model mixes sliding and full layers.
+        """
         impl = getattr(self.model.config, "_attn_implementation", None)
         if impl not in _OWN_MASK:
             return self.mask.long()
@@ -86,10 +145,21 @@ class CachedLM:
         columns = torch.arange(length, device=self.device)
         causal = columns[None, :] <= columns[length - k :, None]  # [k, L]: query i sits at column L - k + i
         allowed = self.mask[:, None, None, :] & causal[None, None]  # [B, 1, k, L]
-        if impl == "sdpa":
-            return allowed
+        masks = {}
+        for layer_type, window in self.windows.items():
+            mask = allowed
+            if window is not None:
+                key_pos = self.mask.long().cumsum(1) - 1  # [B, L]: a valid column's position in its row
+                # transformers' sliding rule: key position > query position - window.
+                mask = allowed & (key_pos[:, None, None, :] > positions[:, None, :, None] - window)
+            masks[layer_type] = mask if impl == "sdpa" else self._additive(mask)
+        return masks if len(masks) > 1 else next(iter(masks.values()))
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Bool mask -> eager attention's additive mask (0 where allowed, dtype-min elsewhere)."""
         dtype = self.model.dtype
-        return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        return additive.masked_fill_(~allowed, torch.finfo(dtype).min)
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -100,7 +170,7 @@ class CachedLM:
         positions = self.n_valid[:, None] + torch.arange(k, device=self.device)[None, :]
         out = self.model(
             input_ids=tokens,
-            attention_mask=self._attention_mask(k),
+            attention_mask=self._attention_mask(k, positions),
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
@@ -235,6 +305,11 @@ class CachedLM:
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 assert layer.keys.shape[2] == self.mask.shape[1], (layer.keys.shape, self.mask.shape)
+
+    def row_kv_bytes(self) -> int:
+        """Bytes of KV cache each row holds now: its allocated columns (the cache is rectangular, so every
+        row holds all of them, holes and left padding included) × per-column bytes, read off the tensors."""
+        return cache_row_kv_bytes(self.cache)
 
     def row_kv(self, row: int, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The valid (committed) keys and values of one row: [heads, n_valid, d] each (for tests)."""

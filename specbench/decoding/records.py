@@ -1,11 +1,22 @@
 """Raw measurement rows: counts and times only, never derived rates.
 
 Every rate, fit, plot and recommendation is computed from these rows (see
-`specbench.costmodel`), so a report can be regenerated from `runs/` alone.
+`specbench.analysis`), so a report can be regenerated from `runs/` alone.
+
+Request times, the same for every decoder (speculative, autoregressive, hf_assisted):
+the clock starts when the decoder is called (before any prefill). TTFT (`ttft`) ends
+when the first new token is available to the user: sampled and on the host (for
+hf_assisted, when its streamer receives the first chunk). That moment may deliver
+several tokens at once (hf_assisted's first chunk is its first round's accepted + 1
+tokens): `first_chunk_tokens` counts them, so the decode phase has
+`new_tokens - first_chunk_tokens` tokens in `wall_time - ttft` seconds (dividing by
+`new_tokens - 1` would over-count it). specbench's decoders deliver one token first
+(the target's prefill samples it) and prefill the draft afterwards, in the decode phase.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
@@ -14,6 +25,7 @@ import pandas as pd
 SPECULATIVE = "speculative"
 AUTOREGRESSIVE = "autoregressive"
 HF_ASSISTED = "hf_assisted"
+SPECULATIVE_DECODERS = (SPECULATIVE, HF_ASSISTED)  # the choices of the config's `decoder`; the baseline is AR
 
 # How the one extra token of a round was produced.
 RECOVERED = "recovered"  # sampled from the residual (p - q)+ at the first rejection
@@ -53,15 +65,21 @@ ROUND_COLUMNS = [f.name for f in fields(RoundRecord)]
 
 @dataclass
 class RequestRecord:
-    """One row per request (prompt) and decoder run."""
+    """One row per request (prompt) and decoder run; times as defined in the module docstring."""
 
     row: int
     prompt_tokens: int
     new_tokens: int
     rounds: int
-    wall_time: float  # seconds from the start of prefill to the last token of this row
-    ttft: float  # seconds from the start of prefill to the first new token (prefill)
+    wall_time: float  # seconds from the decoder call to the last token of this row
+    ttft: float  # seconds from the decoder call to the first new token(s) available to the user
     finished_by: str  # "eos" | "max_new_tokens"
+    first_chunk_tokens: int  # new tokens delivered at ttft (1, or hf_assisted's first streamed chunk)
+    # Bytes of KV cache this row held when its request finished: allocated columns (padding and
+    # rolled-back holes included) x per-column bytes read off the cache tensors; 0 without a cache
+    # (n-gram draft, the baseline's draft); NaN where the producer cannot see the cache.
+    kv_bytes_target: float = math.nan
+    kv_bytes_draft: float = math.nan
 
 
 REQUEST_COLUMNS = [f.name for f in fields(RequestRecord)]

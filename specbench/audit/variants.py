@@ -9,11 +9,16 @@ with `drafts.ModelDraft`), the kind of slip a real implementation makes:
 * `keep_after_reject`: `accepted` counts every passed position, not only the leading run,
   so a rejected draft is committed whenever a later one passed;
 * `bonus_wrong_position`: the bonus token (all gamma accepted) is drawn from p[gamma - 1]
-  instead of p[gamma].
+  instead of p[gamma];
+* `penalty_committed_only`: the context processors (penalties, banned sequences) see only
+  the committed tokens at every position of a round, ignoring the drafts before the position
+  (in p and q alike: the per-round shortcut of computing the penalties once).
 
 The rules have `rejection_sample`'s signature and plug into
-`speculative_decode(..., rule=...)`; `raw_q` is a draft (`RawLogitsQDraft`). Used by the
-audit's tests and by `python -m specbench.audit --decoder broken:<name>`.
+`speculative_decode(..., rule=...)`; `raw_q` is a draft (`RawLogitsQDraft`) and
+`penalty_committed_only` a context (`CommittedOnlyContext`, `speculative_decode(...,
+context_class=...)`). Used by the audit's tests and by
+`python -m specbench.audit --decoder broken:<name>`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch
 
 from specbench.decoding.acceptance import Acceptance, acceptance_probability, rejection_sample, residual
 from specbench.decoding.drafts import Draft, ModelDraft
-from specbench.decoding.sampling import process_logits, sample
+from specbench.decoding.sampling import TokenContext, process_logits, sample
 
 
 def _passed(draft_tokens, q, p, generator, uniforms) -> torch.Tensor:
@@ -80,17 +85,34 @@ class RawLogitsQDraft(ModelDraft):
     """BROKEN (b): drafts are sampled from the processed q, but the returned q is softmax of the
     raw logits, so temperature / top-k / top-p are not folded into the acceptance test."""
 
-    def propose(self, seqs, gamma, sampling, generator):
+    def propose(self, seqs, gamma, sampling, generator, context=None):
         logits = self.lm.feed_suffix(seqs)[:, -1]
         drafts, qs = [], []
         for i in range(gamma):
-            token = sample(process_logits(logits, sampling), generator)
+            token = sample(process_logits(logits, sampling, context), generator)
             drafts.append(token)
             qs.append(logits.float().softmax(-1))  # the bug: unprocessed distribution
             if i + 1 < gamma:
                 logits = self.lm.feed(token[:, None])[:, -1]
+                context = None if context is None else context.append(token)
         self._gamma = gamma
         return torch.stack(drafts, 1), torch.stack(qs, 1)
+
+
+class CommittedOnlyContext(TokenContext):
+    """BROKEN (e): every position of a round gets the committed context: the drafts earlier in the
+    round are not added, neither for q (`append`) nor for p (`expand`)."""
+
+    def append(self, tokens: torch.Tensor) -> TokenContext:
+        return self
+
+    def expand(self, drafts: torch.Tensor) -> TokenContext:
+        positions = drafts.shape[1] + 1
+        per_position = [
+            None if t is None else t[:, None].expand(-1, positions, t.shape[-1])
+            for t in (self.seen, self.counts, self.tail)
+        ]
+        return TokenContext(*per_position)  # [B, gamma + 1, ...], the same at every position
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,7 @@ class Variant:
     description: str
     rule: Callable[..., Acceptance] = rejection_sample
     draft_class: type = ModelDraft
+    context_class: type[TokenContext] = TokenContext
 
     def new_draft(self, draft_model) -> Draft:
         return self.draft_class(draft_model, name=f"broken:{self.name}")
@@ -109,19 +132,35 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("p_not_residual", "recovered token sampled from p, not from the residual (p - q)+",
-                rule=p_not_residual_rule),
-        Variant("raw_q", "q = softmax(raw draft logits): temperature/top-k/top-p not folded into q",
-                draft_class=RawLogitsQDraft),
-        Variant("keep_after_reject", "drafts after the first rejection are kept (accepted = all passed positions)",
-                rule=keep_after_reject_rule),
-        Variant("bonus_wrong_position", "bonus token drawn from p[gamma-1] instead of p[gamma]",
-                rule=bonus_wrong_position_rule),
+        Variant(
+            "p_not_residual", "recovered token sampled from p, not from the residual (p - q)+", rule=p_not_residual_rule
+        ),
+        Variant(
+            "raw_q",
+            "q = softmax(raw draft logits): temperature/top-k/top-p not folded into q",
+            draft_class=RawLogitsQDraft,
+        ),
+        Variant(
+            "keep_after_reject",
+            "drafts after the first rejection are kept (accepted = all passed positions)",
+            rule=keep_after_reject_rule,
+        ),
+        Variant(
+            "bonus_wrong_position",
+            "bonus token drawn from p[gamma-1] instead of p[gamma]",
+            rule=bonus_wrong_position_rule,
+        ),
+        Variant(
+            "penalty_committed_only",
+            "penalties / banned sequences see only the committed tokens, not the drafts earlier in the round",
+            context_class=CommittedOnlyContext,
+        ),
     )
-}  # fmt: skip
+}
 
 
 def get_variant(name: str) -> Variant:
+    """The broken variant called `name` (a ValueError listing the names otherwise)."""
     if name not in VARIANTS:
         raise ValueError(f"broken variant {name!r}: must be one of {list(VARIANTS)}")
     return VARIANTS[name]

@@ -1,0 +1,7 @@
+"""`python -m specbench.audit`: see `specbench.audit.cli`."""
+
+import sys
+
+from specbench.audit.cli import main
+
+sys.exit(main())

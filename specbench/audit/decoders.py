@@ -1,0 +1,179 @@
+"""Decoders under test: named samplers of continuations, built from specbench's decoders,
+transformers' assisted generation, or a deliberately broken variant."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from specbench.audit.settings import PAD, AuditSettings, derive_seed
+from specbench.audit.variants import get_variant
+from specbench.decoding.acceptance import rejection_sample
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.drafts import ModelDraft
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.sampling import SamplingConfig, TokenContext
+
+DECODER_NAMES = ("speculative", "autoregressive", "hf_assisted")
+DECODER_CHOICES = " | ".join(DECODER_NAMES) + " | broken:<variant>"
+
+
+class SharedPrefillLM(CachedLM):
+    """CachedLM that prefills a batch of identical prompts once and copies the row.
+
+    The audit's batches are B copies of one prompt. `CachedLM.prefill` runs one forward
+    per row, and for identical rows these give identical caches, so prefilling one row and
+    replicating it with `select_rows` builds the very same state with 1 forward instead of
+    B. Anything else takes the per-row path unchanged.
+    """
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        if len(prompts) > 1 and all(p == prompts[0] for p in prompts):
+            logits = super().prefill([prompts[0]])
+            self.select_rows([0] * len(prompts))  # a gather: B copies of row 0
+            return logits.repeat(len(prompts), 1)
+        return super().prefill(prompts)
+
+
+def _pad(rows: list[list[int]], tokens: int) -> np.ndarray:
+    out = np.full((len(rows), tokens), PAD, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row[:tokens]
+    return out
+
+
+@dataclass
+class DecoderUnderTest:
+    """A named sampler: (prompt, n continuations, tokens, seed) -> int64 array [n, tokens], PAD after EOS."""
+
+    name: str
+    sample: Callable[[list[int], int, int, int], np.ndarray]
+    gamma: int | None = None
+    first_speculative_token: int = 2  # 1-based position of the first token a draft can produce
+
+
+def _batched(run: Callable[[list[list[int]], int, torch.Generator], list[list[int]]], batch_size: int):
+    def sample(prompt: list[int], n: int, tokens: int, seed: int) -> np.ndarray:
+        out, done, b = [], 0, 0
+        while done < n:
+            size = min(batch_size, n - done)
+            generator = torch.Generator().manual_seed(derive_seed(seed, b))
+            out.append(_pad(run([list(prompt)] * size, tokens, generator), tokens))
+            done, b = done + size, b + 1
+        return np.concatenate(out)
+
+    return sample
+
+
+def speculative_decoder(
+    target_model: PreTrainedModel,
+    draft_model: PreTrainedModel,
+    gamma: int,
+    sampling: SamplingConfig,
+    eos_token_ids: set[int] = frozenset(),
+    batch_size: int = 1024,
+    variant: str | None = None,
+    batched_prefill: bool = True,
+) -> DecoderUnderTest:
+    """specbench's `speculative_decode` with a model draft, or one of its broken variants."""
+    v = get_variant(variant) if variant else None
+    lm_class = SharedPrefillLM if batched_prefill else CachedLM
+
+    def run(prompts, tokens, generator):
+        draft = v.new_draft(draft_model) if v else ModelDraft(draft_model, name="draft")
+        draft.lm = lm_class(draft_model)
+        result = speculative_decode(
+            lm_class(target_model),
+            draft,
+            prompts,
+            gamma,
+            sampling,
+            tokens,
+            set(eos_token_ids),
+            generator,
+            rule=v.rule if v else rejection_sample,
+            context_class=v.context_class if v else TokenContext,
+        )
+        return result.tokens
+
+    name = f"broken:{variant}" if variant else "speculative"
+    return DecoderUnderTest(name, _batched(run, batch_size), gamma, first_speculative_token=2)
+
+
+def autoregressive_decoder(
+    target_model: PreTrainedModel,
+    sampling: SamplingConfig,
+    eos_token_ids: set[int] = frozenset(),
+    batch_size: int = 1024,
+    batched_prefill: bool = True,
+) -> DecoderUnderTest:
+    """Plain target sampling: the sample-mode reference (and a decoder that must pass)."""
+    lm_class = SharedPrefillLM if batched_prefill else CachedLM
+
+    def run(prompts, tokens, generator):
+        return autoregressive_decode(
+            lm_class(target_model), prompts, sampling, tokens, set(eos_token_ids), generator
+        ).tokens
+
+    return DecoderUnderTest("autoregressive", _batched(run, batch_size), None, first_speculative_token=0)
+
+
+def hf_assisted_decoder(
+    target_model: PreTrainedModel,
+    draft_model: PreTrainedModel,
+    gamma: int,
+    sampling: SamplingConfig,
+    eos_token_ids: set[int] = frozenset(),
+) -> DecoderUnderTest:
+    """transformers' assisted generation, one continuation per `generate` call (batch size 1)."""
+    from specbench.decoding.hf_assisted import hf_assisted_decode
+    from specbench.decoding.timing import PhaseTimer
+
+    def sample(prompt, n, tokens, seed):
+        timer = PhaseTimer(target_model.device)
+        rows = []
+        for i in range(n):
+            timer.reset()
+            result = hf_assisted_decode(
+                target_model,
+                draft_model,
+                [list(prompt)],
+                gamma,
+                sampling,
+                tokens,
+                set(eos_token_ids),
+                derive_seed(seed, i),
+                timer,
+            )
+            rows.append(result.tokens[0])
+        return _pad(rows, tokens)
+
+    return DecoderUnderTest("hf_assisted", sample, gamma, first_speculative_token=1)
+
+
+def check_decoder_name(name: str) -> None:
+    """A ValueError naming the choices unless `name` is a decoder the audit can build."""
+    if name.startswith("broken:"):
+        get_variant(name.removeprefix("broken:"))
+    elif name not in DECODER_NAMES:
+        raise ValueError(f"audit.decoder={name!r}: must be {DECODER_CHOICES}")
+
+
+def make_decoder(
+    name: str, target, draft, gamma: int, sampling: SamplingConfig, eos: set[int], settings: AuditSettings
+) -> DecoderUnderTest:
+    """The decoder under test called `name` (see `DECODER_CHOICES`)."""
+    check_decoder_name(name)
+    if name == "speculative":
+        return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size)
+    if name == "autoregressive":
+        return autoregressive_decoder(target, sampling, eos, settings.batch_size)
+    if name == "hf_assisted":
+        return hf_assisted_decoder(target, draft, gamma, sampling, eos)
+    return speculative_decoder(
+        target, draft, gamma, sampling, eos, settings.batch_size, variant=name.removeprefix("broken:")
+    )

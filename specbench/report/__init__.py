@@ -1,0 +1,114 @@
+"""Sweep report: markdown + self-contained HTML + PNG plots, computed from raw rows.
+
+    python -m specbench.report runs/<sweep> [--out DIR] [--ct PATH]
+
+`build_report(rounds, requests, ct, out_dir)` does all the work from DataFrames;
+`load_tables(sweep_dir)` is the only place that touches the run store.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.deploy.plan import write_deployment
+from specbench.report.render import render_html, render_md
+from specbench.report.sections import ReportData, build_sections, report_meta, save_png
+
+PLOT_DPI = 100
+
+
+def _read_table(path) -> pd.DataFrame:
+    path = Path(path)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    if path.suffix == ".json":
+        return pd.read_json(path)
+    return pd.read_parquet(path)
+
+
+def load_tables(sweep_dir, ct=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """(rounds, requests, ct) of a sweep via `specbench.bench.runstore.load_sweep`.
+
+    `ct` may be a DataFrame, a path (.parquet/.csv/.json) or None; None tries the sweep's
+    own "ct" table and uses None (C_t from the rounds) if it has none.
+    """
+    from specbench.bench.runstore import load_sweep
+
+    rounds = load_sweep(sweep_dir, "rounds")
+    requests = load_sweep(sweep_dir, "requests")
+    if ct is None:
+        try:
+            ct = load_sweep(sweep_dir, "ct")
+        except ValueError:  # no finished job wrote a ct table: C_t falls back to the rounds
+            ct = None
+        if ct is not None and len(ct) == 0:
+            ct = None
+    elif not isinstance(ct, pd.DataFrame):
+        ct = _read_table(ct)
+    return rounds, requests, ct
+
+
+def build_report(
+    rounds: pd.DataFrame,
+    requests: pd.DataFrame,
+    ct: pd.DataFrame | None = None,
+    out_dir="report",
+    *,
+    title: str | None = None,
+    gamma_max: int = 16,
+    meta: pd.DataFrame | None = None,
+) -> dict:
+    """Compute every table once from the raw rows and write report.md, report.html (self-
+    contained: plots embedded as data URIs), the PNG plots, tables/<name>.{csv,json} and, with
+    two or more batch sizes, deploy/ (γ schedule + engine files) into out_dir.
+
+    Returns {"markdown": Path, "html": Path, "figures": [Path], "tables": [Path], "deploy": [Path],
+    "notes": [str]}.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = ReportData.compute(rounds, requests, ct, gamma_max=gamma_max, meta=meta)
+    deploy = []
+    if data.schedules:  # engine files follow the first metric's schedule (throughput)
+        deploy = write_deployment(next(iter(data.schedules.values())), out_dir / "deploy")
+    tables = write_tables(data.tables(), out_dir / "tables")
+    links = [p.relative_to(out_dir).as_posix() for p in deploy]
+    sections, notes = build_sections(data, save_png(out_dir, PLOT_DPI), links)
+    meta = {"generated": _dt.datetime.now().isoformat(timespec="seconds"), **report_meta(data)}
+    title = title or "Speculative decoding report"
+    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
+    md_path.write_text(render_md(title, meta, sections), encoding="utf-8")
+    html_path.write_text(render_html(title, meta, sections, out_dir), encoding="utf-8")
+    figures = [out_dir / name for s in sections for name, _ in s.figures]
+    return {"markdown": md_path, "html": html_path, "figures": figures, "tables": tables, "deploy": deploy,
+            "notes": notes}
+
+
+def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Path]:
+    """Each table as <name>.csv and <name>.json (records; NaN -> null) for scripts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, df in tables.items():
+        df.to_csv(out_dir / f"{name}.csv", index=False)
+        df.to_json(out_dir / f"{name}.json", orient="records", indent=2, force_ascii=False)
+        paths += [out_dir / f"{name}.csv", out_dir / f"{name}.json"]
+    return paths
+
+
+def write_report(sweep_dir, out_dir=None, ct=None, **kw) -> dict:
+    """Load a sweep's tables (see `load_tables`) and `build_report` into out_dir
+    (default: <sweep_dir>/report)."""
+    sweep_dir = Path(sweep_dir)
+    rounds, requests, ct = load_tables(sweep_dir, ct)
+    kw.setdefault("title", f"Speculative decoding report: {sweep_dir.name}")
+    if "meta" not in kw:
+        from specbench.bench.runstore import load_meta
+
+        try:
+            kw["meta"] = load_meta(sweep_dir)  # read for the peak-memory hook
+        except (ValueError, FileNotFoundError):
+            kw["meta"] = None
+    return build_report(rounds, requests, ct, out_dir or sweep_dir / "report", **kw)

@@ -1,0 +1,305 @@
+"""Report content: every table computed once from the raw rows (`ReportData`), then laid out
+as sections with their plots (`build_sections`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from specbench.analysis.accept_models import compare_accept_length_models, which_accept_length_model
+from specbench.analysis.acceptance import acceptance_by_position, fit_alpha
+from specbench.analysis.rows import (
+    ACCEPTANCE_KEYS,
+    SETTING_KEYS,
+    add_gamma_setting,
+    ar_rows,
+    group_keys,
+    iter_groups,
+    round_level,
+    setting_keys,
+    spec_rows,
+)
+from specbench.analysis.speedup import latency_speedup, paired_requests, predict_speedup, throughput_speedup
+from specbench.analysis.stats import MEDIAN_CI_METHOD
+from specbench.analysis.summary import format_ci, format_summary, recommendations, summary_table
+from specbench.analysis.timing import CT_KEYS, timing_table
+from specbench.analysis.validation import compare_context_model, fit_setting_profiles, leave_one_out, speedup_vs_model
+from specbench.deploy.schedule import Schedule
+from specbench.report import plots
+from specbench.report.context import context_levels, context_table, with_context
+from specbench.report.render import Section
+from specbench.report.serving_view import (
+    compute_schedules,
+    kv_table,
+    memory_section,
+    peak_memory_table,
+    schedule_section,
+    serving_section,
+    serving_tables,
+)
+
+_FINE_KEYS = (*SETTING_KEYS, "max_new_tokens", "gamma")
+
+
+def ct_points(rounds: pd.DataFrame, ct: pd.DataFrame | None) -> tuple[pd.DataFrame, str]:
+    """C_t(k) observations: the micro-benchmark table if given, else the rounds' t_verify
+    (speculative at k = γ+1, AR at k = 1). Columns: the CT_KEYS present, k, t; and the source name."""
+    if ct is not None and len(ct):
+        k = [c for c in CT_KEYS if c in ct.columns]
+        return ct[k + ["k"]].assign(t=ct["t_forward"].to_numpy(float)), "C_t micro-benchmark table"
+    sp = round_level(spec_rows(rounds))
+    ar = round_level(ar_rows(rounds))
+    k = [c for c in CT_KEYS if c in rounds.columns]
+    pts = pd.concat([sp[k].assign(k=sp["gamma"].to_numpy(int) + 1, t=sp["t_verify"].to_numpy(float)),
+                     ar[k].assign(k=1, t=ar["t_verify"].to_numpy(float))], ignore_index=True)
+    return pts, "rounds' t_verify (fallback: no C_t table)"
+
+
+@dataclass
+class ReportData:
+    """Every table of a report, computed once (the measured speedups feed the summary,
+    recommendations, model checks and plots alike)."""
+
+    rounds: pd.DataFrame
+    requests: pd.DataFrame
+    ct: pd.DataFrame | None
+    gamma_max: int
+    has_spec: bool = False
+    latency: pd.DataFrame = field(default_factory=pd.DataFrame)  # wall basis, by _FINE_KEYS
+    latency_decode: pd.DataFrame = field(default_factory=pd.DataFrame)  # decode basis, by setting + γ
+    throughput: pd.DataFrame = field(default_factory=pd.DataFrame)  # by _FINE_KEYS
+    summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    recommendations: pd.DataFrame = field(default_factory=pd.DataFrame)
+    acceptance: pd.DataFrame = field(default_factory=pd.DataFrame)
+    acceptance_by_category: pd.DataFrame | None = None
+    accept_length: pd.DataFrame = field(default_factory=pd.DataFrame)
+    model_choice: pd.DataFrame = field(default_factory=pd.DataFrame)
+    single_alpha: pd.DataFrame = field(default_factory=pd.DataFrame)
+    timing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    svm: pd.DataFrame = field(default_factory=pd.DataFrame)
+    curves: dict = field(default_factory=dict)
+    loo: pd.DataFrame = field(default_factory=pd.DataFrame)
+    context: pd.DataFrame = field(default_factory=pd.DataFrame)  # LOO error: simple vs context model
+    serving: dict[str, pd.DataFrame] = field(default_factory=dict)  # `serving_view.serving_tables`
+    kv: pd.DataFrame = field(default_factory=pd.DataFrame)
+    peak_memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    schedules: dict[str, list[Schedule]] = field(default_factory=dict)  # metric -> schedules (>= 2 batch sizes)
+    schedule_note: str | None = None
+    context_sweep: pd.DataFrame = field(default_factory=pd.DataFrame)  # per context level: measured vs model
+
+    @classmethod
+    def compute(cls, rounds, requests, ct=None, *, gamma_max: int = 16, meta: pd.DataFrame | None = None) -> ReportData:
+        """All tables from the raw rows (`ct`: the C_t(k) micro-benchmark rows or None; `meta`: job meta rows,
+        read for the peak-memory hook only)."""
+        rounds, requests = add_gamma_setting(rounds, requests)
+        d = cls(rounds, requests, ct, gamma_max, has_spec=not spec_rows(rounds).empty)
+        d.serving = serving_tables(rounds, requests, d.has_spec)
+        d.kv = kv_table(requests)
+        d.peak_memory = peak_memory_table(requests, meta)
+        d.schedules, d.schedule_note = compute_schedules(requests)
+        fine = group_keys(requests, None, _FINE_KEYS)
+        if len(paired_requests(requests)):
+            d.latency = latency_speedup(requests, fine, basis="wall")
+            if "batch" in requests.columns:
+                d.throughput = throughput_speedup(requests, fine)
+        d.summary = summary_table(rounds, requests, fine, latency=d.latency if len(d.latency) else None,
+                                  throughput=d.throughput if len(d.throughput) else None)
+        if not d.has_spec:
+            return d
+        d.recommendations = recommendations(rounds, requests, ct, gamma_max=gamma_max,
+                                            measured=d.latency if len(d.latency) else None)
+        d.acceptance = acceptance_by_position(rounds)
+        if "category" in rounds and rounds["category"].nunique() > 1:  # one workload, several kinds of traffic
+            d.acceptance_by_category = acceptance_by_position(rounds, by=[*ACCEPTANCE_KEYS, "category"])
+        d.accept_length = compare_accept_length_models(rounds)
+        d.model_choice = which_accept_length_model(rounds)
+        sp = spec_rows(rounds)
+        singles = []
+        for kd, sub in iter_groups(sp, plots.varying(sp, ACCEPTANCE_KEYS)):
+            f = fit_alpha(sub)
+            singles.append({**kd, "α (single)": f.alpha, "lo": f.lo, "hi": f.hi, "tested positions": f.trials})
+        d.single_alpha = pd.DataFrame(singles)
+        d.timing = timing_table(rounds, ct)
+        skeys = setting_keys(rounds, None)
+        d.latency_decode = latency_speedup(requests, skeys + ["gamma"], basis="decode")
+        d.svm = speedup_vs_model(rounds, requests, ct, gamma_max=gamma_max, measured=d.latency_decode)
+        vary = plots.varying(d.svm, SETTING_KEYS)
+        gm = int(max(d.svm["gamma"].max() + 2, 8)) if len(d.svm) else gamma_max
+        for kd, acc, tim in fit_setting_profiles(rounds, ct):
+            key = tuple(sorted((k, str(v)) for k, v in kd.items() if k in vary))
+            d.curves[key] = predict_speedup(acc, tim, range(1, gm + 1))
+        d.loo = leave_one_out(rounds, requests, ct, measured=d.latency_decode)
+        if len(d.loo):
+            d.context = compare_context_model(rounds, requests, ct, simple=d.loo, measured=d.latency_decode)
+        levels = context_levels(requests)
+        if levels is not None and "job" in rounds.columns:
+            d.context_sweep = context_table(with_context(rounds, levels), with_context(requests, levels), ct,
+                                            gamma_max=gamma_max)
+        return d
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The tables a script would consume (written as report/tables/<name>.csv and .json)."""
+        out = {"summary": self.summary, "recommendations": self.recommendations, "latency_speedup": self.latency,
+               "throughput_speedup": self.throughput, "acceptance_by_position": self.acceptance,
+               "speedup_vs_model": self.svm, "timing": self.timing, "kv_bytes": self.kv,
+               "peak_memory": self.peak_memory, "context_sweep": self.context_sweep, **self.serving}
+        for metric, sched in self.schedules.items():
+            out[f"schedule_{metric}"] = pd.concat([x.to_frame() for x in sched], ignore_index=True)
+        return {k: v for k, v in out.items() if v is not None and len(v)}
+
+
+def drop_constant_keys(df: pd.DataFrame, keys=(*SETTING_KEYS, "category")) -> pd.DataFrame:
+    """Drop key columns that hold one value (they are in the report header)."""
+    return df.drop(columns=[k for k in keys if k in df.columns and df[k].nunique(dropna=False) <= 1])
+
+
+def _with_ci(df: pd.DataFrame, metric: str, n: str, header: str) -> pd.DataFrame:
+    """Replace metric, metric_lo, metric_hi, n by one 'x× [lo, hi] n=…' column named `header`."""
+    t = df.copy()
+    t[header] = [format_ci(*v) for v in zip(t[metric], t[f"{metric}_lo"], t[f"{metric}_hi"], t[n])]
+    return t.drop(columns=[metric, f"{metric}_lo", f"{metric}_hi", n])
+
+
+def build_sections(d: ReportData, save, deploy_links: list[str] = ()) -> tuple[list[Section], list[str]]:
+    """Lay the report out; `save(fig, name) -> None` writes a figure; `deploy_links`: engine/schedule files
+    written beside the report (relative paths). Returns (sections, notes)."""
+    notes: list[str] = []
+    ci = f"{MEDIAN_CI_METHOD}, 95%"
+
+    def add_fig(sec: Section, res, name: str, caption: str):
+        fig, note = res
+        if note:
+            sec.notes.append(note)
+            notes.append(note)
+        if fig is not None:
+            save(fig, name)
+            sec.figures.append((name, caption))
+
+    sections = [Section("Summary", text=[
+        "Per setting: acceptance = Σaccepted/Σγ; E[N] = mean(accepted+1); tokens/s = Σ new tokens / Σ wall time "
+        "of the paired requests. Latency speedup: per request, (AR wall time per token) / (speculative wall time "
+        "per token), end to end (prefill included), geometric mean over repeats, median over prompts. Throughput "
+        "speedup: per batch, speculative batch tokens/s / AR batch tokens/s (a batch's wall = its slowest row), "
+        f"median over batches. CIs: {ci}; n beside each ('[–]': too few for a 95% CI, n < 6)."],
+        pre=[format_summary(d.summary)])]
+
+    s = Section("Recommendations", text=[
+        "Best measured setting per workload and batch size (largest median end-to-end latency speedup). verdict: "
+        "'faster' if the whole 95% CI lies above 1×. model γ*: the cost model's optimal γ for that draft "
+        f"(1..{d.gamma_max}) at the requests' decode length, and its predicted decode speedup."])
+    if len(d.recommendations):
+        r = _with_ci(d.recommendations, "latency_speedup", "n_prompts", "latency speedup [95% CI] n prompts")
+        s.tables.append(("", r.rename(columns={"model_gamma": "model γ*", "model_speedup": "model S(γ*)",
+                                               "gamma": "γ"})))
+    else:
+        s.notes.append("no recommendations: no paired speculative requests")
+    sections.append(s)
+
+    s = Section("Acceptance", text=[
+        "α_i = P(accepted ≥ i | accepted ≥ i−1), counted over rounds that drafted position i. E[N] uses "
+        "accepted+1 (not committed, which is truncated at EOS/max_new_tokens). Single-α model: "
+        "E[N] = (1−α^{γ+1})/(1−α) with the MLE α = Σaccepted / Σ(accepted + [accepted<γ]); per-position "
+        "model: E[N] = 1 + Σ_i Π_{j≤i} α_j. Which model to use is decided out of sample: 5-fold cross-validated "
+        "log-likelihood of held-out rounds (folds by prompt), so extra parameters only win if they predict."])
+    if d.has_spec:
+        add_fig(s, plots.plot_acceptance(d.acceptance), "acceptance_by_position.png",
+                "Per-position acceptance with 95% CI.")
+        if d.acceptance_by_category is not None:
+            add_fig(s, plots.plot_acceptance(d.acceptance_by_category), "acceptance_by_category.png",
+                    "Per-position acceptance with 95% CI, per prompt category.")
+        add_fig(s, plots.plot_accept_length(d.accept_length), "accept_length_vs_gamma.png",
+                "E[N] vs γ: measured vs the two acceptance models (fitted in sample).")
+        a = d.acceptance.copy()
+        a["α_i [95% CI]"] = [f"{x:.3f} [{lo:.3f}, {hi:.3f}]" if t else "–"
+                            for x, lo, hi, t in zip(a["alpha"], a["alpha_lo"], a["alpha_hi"], a["trials"])]
+        a = a.drop(columns=["successes", "alpha", "alpha_lo", "alpha_hi"])
+        s.tables.append(("Per-position acceptance", drop_constant_keys(a)))
+        s.tables.append(("Single-α fit", d.single_alpha))
+        s.tables.append(("Which acceptance model predicts held-out rounds better (cross-validated log-likelihood "
+                         "per round)", drop_constant_keys(d.model_choice)))
+    else:
+        s.notes.append("no speculative rounds in this sweep")
+    sections.append(s)
+
+    s = Section("Component costs", text=[
+        "One observation per round (times are shared by a round's batch rows), full-batch rounds where there "
+        "are at least 3. C_d(γ) = intercept + per-token·γ (least squares through the per-γ medians); C_t(k) = "
+        "monotone (isotonic) fit of the median time per k, interpolated between tried k and extrapolated "
+        "linearly beyond; C_o = median per γ (linear fit for untried γ); C_t1 = median AR time per token."])
+    if d.has_spec:
+        add_fig(s, plots.plot_cost_breakdown(d.rounds), "cost_breakdown.png", "Stacked C_d / C_t / C_o per round vs γ.")
+        s.tables.append(("Fitted timing profiles (seconds)", drop_constant_keys(d.timing)))
+    add_fig(s, plots.plot_ct(*ct_points(d.rounds, d.ct)), "ct_k.png", "Target forward time C_t(k) per batch size.")
+    sections.append(s)
+
+    s = Section("Speedup model", text=[
+        "S(γ) = T(γ)·C_t1 / (C_d(γ) + C_t(γ+1) + C_o(γ)); ideal: C_o = 0. T(γ) is the expected tokens committed "
+        "per round by a request of the measured decode length: E[N] less the tokens its last round accepts past "
+        "max_new_tokens (it tends to E[N] for long outputs). Model-vs-measured comparisons use the decode-phase "
+        "latency speedup ((wall − TTFT)/(new tokens − 1)), which is what the model describes. Leave-one-γ-out: "
+        "each γ is predicted from the other γ jobs' rows only (their rounds, AR rows and C_t micro-benchmark "
+        "rows; the held-out jobs' own C_t rows are excluded)."])
+    if d.has_spec:
+        add_fig(s, plots.plot_speedup(d.svm, d.curves), "speedup_vs_gamma.png",
+                "Decode latency speedup vs γ: measured (median, 95% CI), model, ideal.")
+        s.tables.append(("Measured vs predicted (rel_error = predicted/measured − 1)",
+                         drop_constant_keys(_with_ci(d.svm, "latency_speedup", "n_prompts",
+                                                     "measured latency speedup [95% CI] n prompts"))))
+        if d.loo.empty:
+            s.notes.append("leave-one-out: needs at least two γ settings per setting")
+        else:
+            s.tables.append(("Leave-one-γ-out predictions",
+                             drop_constant_keys(_with_ci(d.loo, "latency_speedup", "n_prompts",
+                                                         "measured latency speedup [95% CI] n prompts"))))
+            s.tables.append(("Leave-one-out |relative error|: simple vs context-length model",
+                             drop_constant_keys(d.context)))
+    sections.append(s)
+
+    s = Section("Throughput vs batch size")
+    if len(d.latency):
+        add_fig(s, plots.plot_tokens_per_second(d.latency, d.throughput), "tokens_per_second.png",
+                "Tokens/s vs batch size: per request and per batch.")
+    else:
+        s.notes.append("no paired requests")
+    sections.append(s)
+
+    sections.append(serving_section(d.serving, drop_constant_keys, add_fig))
+    sections.append(memory_section(d.kv, d.peak_memory, drop_constant_keys))
+    if d.schedules or d.schedule_note:
+        sections.append(schedule_section(d.schedules, d.schedule_note, list(deploy_links)))
+    if len(d.context_sweep):
+        s = Section("Context length", text=[
+            "Jobs of one setting and γ ran at several context lengths (a job's level: its requests' median prompt "
+            "tokens). Measured per level: single α, median C_d per drafted token, C_t(1) (AR step), C_t(γmax+1), "
+            "and the γ with the best decode-phase latency speedup. Model: the context variant (C_t(k) + β·L, "
+            "C_d = a + γ(b + c·L), C_t1(L)) fitted on all levels, evaluated at the level's mean round context L; "
+            "α has no context term (pooled), so where measured α moves, the model's γ* cannot follow."])
+        add_fig(s, plots.plot_context(d.context_sweep), "context_length.png",
+                "Costs, α and the best γ vs context length: measured vs model.")
+        s.tables.append(("Measured vs model per context level", drop_constant_keys(d.context_sweep)))
+        sections.append(s)
+    return sections, notes
+
+
+def report_meta(d: ReportData) -> dict:
+    """The report header line: what was measured, where, and how C_t was obtained."""
+    r = d.rounds
+    meta = {
+        "jobs": int(r["job"].nunique()) if "job" in r.columns else 1,
+        "round rows": len(r),
+        "requests": len(d.requests),
+        "hardware": ", ".join(map(str, sorted(r["hardware"].dropna().unique()))) if "hardware" in r else "–",
+        "C_t source": "micro-benchmark table" if d.ct is not None and len(d.ct) else "rounds (fallback)",
+    }
+    if "shape_only" in r and r["shape_only"].astype(bool).any():
+        meta["shape-only models"] = "random weights: timings are real, acceptance and speedups are NOT meaningful"
+    return meta
+
+
+def save_png(out_dir: Path, dpi: int):
+    """A `save(fig, name)` that writes PNGs into out_dir."""
+    def save(fig, name: str) -> None:
+        fig.savefig(out_dir / name, dpi=dpi, format="png")
+    return save
