@@ -31,8 +31,9 @@ def find_chromium() -> str | None:
     return None
 
 
-def screenshot(html_path, png_path, *, chromium: str | None = None, width: int = 1400, height: int = 3000,
-               timeout: float = 120.0) -> Path:
+def screenshot(
+    html_path, png_path, *, chromium: str | None = None, width: int = 1400, height: int = 3000, timeout: float = 120.0
+) -> Path:
     """Render file://html_path into png_path with headless Chromium (no network, throwaway profile)."""
     chromium = chromium or find_chromium()
     if chromium is None:
@@ -40,10 +41,22 @@ def screenshot(html_path, png_path, *, chromium: str | None = None, width: int =
     html_path = Path(html_path).resolve()
     png_path = Path(png_path).resolve()
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--hide-scrollbars", f"--user-data-dir={profile}", f"--screenshot={png_path}",
-               f"--window-size={width},{height}", html_path.as_uri()]
+        cmd = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--screenshot={png_path}",
+            f"--window-size={width},{height}",
+            html_path.as_uri(),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if not png_path.exists() or png_path.stat().st_size == 0:
         raise RuntimeError(f"chromium wrote no screenshot (rc={proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -61,8 +74,12 @@ def blank_stats(png_path) -> dict:
     flat = rgb.reshape(-1, 3)
     non_white = float((flat.min(axis=1) < 235).mean())
     colours = len(np.unique(flat[:: max(1, len(flat) // 200_000)], axis=0))
-    return {"shape": tuple(rgb.shape), "non_white_fraction": non_white, "distinct_colours": int(colours),
-            "one_colour": bool((flat == flat[0]).all())}
+    return {
+        "shape": tuple(rgb.shape),
+        "non_white_fraction": non_white,
+        "distinct_colours": int(colours),
+        "one_colour": bool((flat == flat[0]).all()),
+    }
 
 
 def check(png_path, min_non_white: float = 0.02, min_colours: int = 50) -> tuple[bool, dict]:
@@ -84,10 +101,17 @@ def main(argv=None) -> int:
         from specbench.report import build_report
         from tests.synthetic import synthetic_sweep
 
-        d = synthetic_sweep(alphas={"chat": (0.85, 0.75, 0.65, 0.6), "code": (0.95, 0.9, 0.85, 0.8)},
-                               batch_sizes=(1, 4), gammas=(1, 2, 4, 6), n_prompts=8, new_tokens=64, seed=0)
-        html_path = build_report(d["rounds"], d["requests"], d["ct"], args.synthetic,
-                                 title="Synthetic sweep (known parameters)")["html"]
+        d = synthetic_sweep(
+            alphas={"chat": (0.85, 0.75, 0.65, 0.6), "code": (0.95, 0.9, 0.85, 0.8)},
+            batch_sizes=(1, 4),
+            gammas=(1, 2, 4, 6),
+            n_prompts=8,
+            new_tokens=64,
+            seed=0,
+        )
+        html_path = build_report(
+            d["rounds"], d["requests"], d["ct"], args.synthetic, title="Synthetic sweep (known parameters)"
+        )["html"]
     elif args.html:
         html_path = Path(args.html)
     else:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
+from specbench.bench.envinfo import hardware_label
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
-from specbench.bench.envinfo import hardware_label
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig
 from specbench.models.shapes import build_shape_only_model, shape_config
@@ -43,7 +43,9 @@ FP32_TIE = 1e-3
 
 
 def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[
+        name
+    ]
 
 
 def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
@@ -71,7 +73,9 @@ def ulp(dtype: torch.dtype, magnitude: float) -> float:
     return 2.0 ** (math.floor(math.log2(magnitude)) - mant)
 
 
-def divergence(model, reference32, prompt: list[int], ar: list[int], spec: list[int], dtype: torch.dtype) -> dict | None:
+def divergence(
+    model, reference32, prompt: list[int], ar: list[int], spec: list[int], dtype: torch.dtype
+) -> dict | None:
     """None if equal; else the first differing position and the margins there.
 
     margin = logit[AR's token] - logit[speculative's token] at that position, from a plain
@@ -86,11 +90,16 @@ def divergence(model, reference32, prompt: list[int], ar: list[int], spec: list[
     top = float(l32.abs().max())
     gap32 = float(l32[ar[j]] - l32[spec[j]])
     return {
-        "position": j, "ar_token": ar[j], "spec_token": spec[j],
-        "margin_run_dtype": float(l_run[ar[j]] - l_run[spec[j]]), "margin_fp32": gap32,
-        "fp32_argmax": int(l32.argmax()), "max_abs_logit": top, "ulp_at_max_logit": ulp(dtype, top),
+        "position": j,
+        "ar_token": ar[j],
+        "spec_token": spec[j],
+        "margin_run_dtype": float(l_run[ar[j]] - l_run[spec[j]]),
+        "margin_fp32": gap32,
+        "fp32_argmax": int(l32.argmax()),
+        "max_abs_logit": top,
+        "ulp_at_max_logit": ulp(dtype, top),
         "tie": abs(gap32) <= (FP32_TIE if dtype in (torch.float32, torch.float64) else 8 * ulp(dtype, top)),
-    }  # fmt: skip
+    }
 
 
 def equality(args) -> int:
@@ -109,7 +118,7 @@ def equality(args) -> int:
         dtype = _dtype(dtype_name)
         model = reference32 if dtype == torch.float32 else copy.deepcopy(reference32).to(dtype)
         draft_model = perturbed(model, args.noise, seed=1)
-        drafts = {"perturbed": lambda: ModelDraft(draft_model), "ngram": lambda: NgramDraft(vocab, device=device)}
+        drafts = {"perturbed": lambda m=draft_model: ModelDraft(m), "ngram": lambda: NgramDraft(vocab, device=device)}
         t0 = time.perf_counter()
         ar = autoregressive_decode(CachedLM(model), prompts, GREEDY, args.new_tokens, set()).tokens
         hf = None
@@ -117,9 +126,17 @@ def equality(args) -> int:
             saved, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
             try:
                 with torch.inference_mode():
-                    hf = [model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.new_tokens,
-                                         do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-                          for p in prompts for x in [torch.tensor([p], device=device)]]  # fmt: skip
+                    hf = [
+                        model.generate(
+                            x,
+                            attention_mask=torch.ones_like(x),
+                            max_new_tokens=args.new_tokens,
+                            do_sample=False,
+                            pad_token_id=0,
+                        )[0, len(p) :].tolist()
+                        for p in prompts
+                        for x in [torch.tensor([p], device=device)]
+                    ]
             finally:
                 model.generation_config.eos_token_id = saved
         for draft_name, make in drafts.items():
@@ -131,35 +148,63 @@ def equality(args) -> int:
                     rows.append({"row": r, "equal": d is None, **({"divergence": d} if d else {})})
                 accepted = [x.accepted for x in result.rounds]
                 case = {
-                    "shape": args.shape, "layers": config.num_hidden_layers, "dtype": dtype_name, "draft": draft_name,
-                    "gamma": gamma, "batch": len(prompts), "new_tokens": args.new_tokens,
-                    "rows_equal": sum(x["equal"] for x in rows), "rows": rows,
+                    "shape": args.shape,
+                    "layers": config.num_hidden_layers,
+                    "dtype": dtype_name,
+                    "draft": draft_name,
+                    "gamma": gamma,
+                    "batch": len(prompts),
+                    "new_tokens": args.new_tokens,
+                    "rows_equal": sum(x["equal"] for x in rows),
+                    "rows": rows,
                     "mean_accepted": sum(accepted) / max(len(accepted), 1),
                     "host_syncs_per_round": sorted({x.host_syncs for x in result.rounds}),
-                }  # fmt: skip
+                }
                 # Only float32 decides: a non-tie divergence there is a bug; bf16/fp16 only report.
                 exact = dtype in (torch.float32, torch.float64)
                 case["ok"] = not exact or all(x["equal"] or x["divergence"].get("tie") for x in rows)
                 bad += not case["ok"]
                 cases.append(case)
                 status = "ok" if case["ok"] else "FAIL"
-                print(f"[{status}] {dtype_name} draft={draft_name} γ={gamma}: {case['rows_equal']}/{len(rows)} rows "
-                      f"equal, mean accepted {case['mean_accepted']:.2f}, syncs/round {case['host_syncs_per_round']}"
-                      + ("".join(f"\n    row {x['row']}: first diff at {x['divergence'].get('position')}, "
-                                 f"fp32 margin {x['divergence'].get('margin_fp32', float('nan')):.3g}"
-                                 f" ({'tie' if x['divergence'].get('tie') else 'NOT a tie'})"
-                                 for x in rows if not x["equal"])), flush=True)  # fmt: skip
+                print(
+                    f"[{status}] {dtype_name} draft={draft_name} γ={gamma}: {case['rows_equal']}/{len(rows)} rows "
+                    f"equal, mean accepted {case['mean_accepted']:.2f}, syncs/round {case['host_syncs_per_round']}"
+                    + (
+                        "".join(
+                            f"\n    row {x['row']}: first diff at {x['divergence'].get('position')}, "
+                            f"fp32 margin {x['divergence'].get('margin_fp32', float('nan')):.3g}"
+                            f" ({'tie' if x['divergence'].get('tie') else 'NOT a tie'})"
+                            for x in rows
+                            if not x["equal"]
+                        )
+                    ),
+                    flush=True,
+                )
         if hf is not None:  # our baseline vs transformers: equal, or apart only at a float32 tie
             hf_div = [divergence(model, reference32, p, h, a, dtype) for p, h, a in zip(prompts, hf, ar)]
             hf_ok = all(d is None or d.get("tie") for d in hf_div)
-            cases.append({"dtype": dtype_name, "check": "autoregressive vs transformers generate", "ok": hf_ok,
-                          "rows_equal": sum(d is None for d in hf_div), "divergences": [d for d in hf_div if d]})
+            cases.append(
+                {
+                    "dtype": dtype_name,
+                    "check": "autoregressive vs transformers generate",
+                    "ok": hf_ok,
+                    "rows_equal": sum(d is None for d in hf_div),
+                    "divergences": [d for d in hf_div if d],
+                }
+            )
             bad += not hf_ok
-            print(f"[{'ok' if hf_ok else 'FAIL'}] {dtype_name}: autoregressive == transformers generate in "
-                  f"{sum(d is None for d in hf_div)}/{len(prompts)} rows (others at ties: {hf_ok})")
+            print(
+                f"[{'ok' if hf_ok else 'FAIL'}] {dtype_name}: autoregressive == transformers generate in "
+                f"{sum(d is None for d in hf_div)}/{len(prompts)} rows (others at ties: {hf_ok})"
+            )
         print(f"  {dtype_name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    out = {"device": str(device), "hardware": hardware_label(device), "ok": bad == 0, "fp32_tie": FP32_TIE,
-           "cases": cases}  # fmt: skip
+    out = {
+        "device": str(device),
+        "hardware": hardware_label(device),
+        "ok": bad == 0,
+        "fp32_tie": FP32_TIE,
+        "cases": cases,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"greedy equality: {'PASS' if bad == 0 else f'FAIL ({bad} cases)'}")
@@ -167,8 +212,17 @@ def equality(args) -> int:
 
 
 @torch.inference_mode()
-def ct_bench(shape: str, dtype: torch.dtype, device: torch.device, batch_sizes: list[int], ks: list[int],
-             context_len: int, repeats: int, layers: int | None = None, seed: int = 0):  # fmt: skip
+def ct_bench(
+    shape: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    batch_sizes: list[int],
+    ks: list[int],
+    context_len: int,
+    repeats: int,
+    layers: int | None = None,
+    seed: int = 0,
+):
     """`specbench.microbench.bench_target_forward` on a shape-only target, per batch size,
     with the keys the cost model matches on (what a job's own ct.parquet holds)."""
     import pandas as pd
@@ -180,8 +234,11 @@ def ct_bench(shape: str, dtype: torch.dtype, device: torch.device, batch_sizes: 
     rows = []
     for batch in batch_sizes:
         rows += bench_target_forward(model, batch, ks, context_len=context_len, repeats=repeats, seed=seed)
-        print(f"  batch {batch}: C_t(1) {_median(rows, batch, ks[0]) * 1e3:.2f} ms, "
-              f"C_t({ks[-1]}) {_median(rows, batch, ks[-1]) * 1e3:.2f} ms", flush=True)
+        print(
+            f"  batch {batch}: C_t(1) {_median(rows, batch, ks[0]) * 1e3:.2f} ms, "
+            f"C_t({ks[-1]}) {_median(rows, batch, ks[-1]) * 1e3:.2f} ms",
+            flush=True,
+        )
     df = pd.DataFrame(rows)
     df.insert(0, "hardware", hardware_label(device))
     df.insert(1, "dtype", str(dtype).removeprefix("torch."))
@@ -197,8 +254,16 @@ def _median(rows, batch, k) -> float:
 
 def ct(args) -> int:
     t0 = time.perf_counter()
-    df = ct_bench(args.shape, _dtype(args.dtype), torch.device(args.device), args.batch_sizes,
-                  list(range(1, args.k_max + 1)), args.context, args.repeats, args.layers)  # fmt: skip
+    df = ct_bench(
+        args.shape,
+        _dtype(args.dtype),
+        torch.device(args.device),
+        args.batch_sizes,
+        list(range(1, args.k_max + 1)),
+        args.context,
+        args.repeats,
+        args.layers,
+    )
     out = Path(args.out)
     df.to_parquet(out, index=False) if out.suffix == ".parquet" else df.to_csv(out, index=False)
     print(f"wrote {out}: {len(df)} rows in {time.perf_counter() - t0:.1f} s")
@@ -216,8 +281,12 @@ def main(argv=None) -> int:
     e.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     e.add_argument("--shape", default="llama-3.2-1b", help="shape preset of the target (and of its perturbed draft)")
     e.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smaller = faster)")
-    e.add_argument("--init-range", type=float, default=None,
-                   help="override initializer_range (larger: peakier p, fewer near-ties, lower acceptance)")
+    e.add_argument(
+        "--init-range",
+        type=float,
+        default=None,
+        help="override initializer_range (larger: peakier p, fewer near-ties, lower acceptance)",
+    )
     e.add_argument("--noise", type=float, default=0.05, help="draft = target + noise * std (per tensor)")
     e.add_argument("--dtypes", default="float32,bfloat16")
     e.add_argument("--gammas", type=_ints, default=[1, 4])

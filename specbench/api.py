@@ -8,15 +8,15 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from specbench.bench.workloads import Prompt, render_prompt
 from specbench.config import DraftConfig, ModelConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.kvcache import CachedLM
-from specbench.models.draft_kinds import DRAFT_KINDS
-from specbench.models.pair import load_pair
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
-from specbench.bench.workloads import Prompt, render_prompt
+from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.pair import load_pair
 
 
 @dataclass
@@ -56,8 +56,17 @@ def decode(
     (then `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     """
-    sampling = SamplingConfig(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
-                              presence_penalty, tuple(banned_token_ids), tuple(tuple(s) for s in banned_sequences))
+    sampling = SamplingConfig(
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+        tuple(banned_token_ids),
+        tuple(tuple(s) for s in banned_sequences),
+    )
     pair_cfg = PairConfig(
         name="api", target=ModelConfig(source=target), draft=ModelConfig(source=draft_model), dtype=dtype, device=device
     )
@@ -67,14 +76,17 @@ def decode(
     pair = load_pair(pair_cfg, draft_cfg)
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     if chat_template:
-        texts = [render_prompt(Prompt(str(i), "api", [{"role": "user", "content": t}]), pair.tokenizer)
-                 for i, t in enumerate(texts)]  # fmt: skip
+        texts = [
+            render_prompt(Prompt(str(i), "api", [{"role": "user", "content": t}]), pair.tokenizer)
+            for i, t in enumerate(texts)
+        ]
     ids = [pair.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
     timer = PhaseTimer(pair.target.device)
     if speculative:
-        result = speculative_decode(CachedLM(pair.target), pair.new_draft(), ids, gamma, sampling,
-                                    max_new_tokens, pair.eos, generator, timer)  # fmt: skip
+        result = speculative_decode(
+            CachedLM(pair.target), pair.new_draft(), ids, gamma, sampling, max_new_tokens, pair.eos, generator, timer
+        )
     else:
         result = autoregressive_decode(CachedLM(pair.target), ids, sampling, max_new_tokens, pair.eos, generator, timer)
     return DecodeOutput(

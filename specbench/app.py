@@ -75,7 +75,9 @@ def _summary(sweep_dir: Path) -> str:
     text = format_summary(summary_table(rounds, requests))
     failures = runstore.load_failures(sweep_dir)
     if len(failures):
-        text += "\n\nFAILED jobs (re-run the same command to retry them):\n" + failures[["job", "kind", "message"]].to_string(index=False)
+        text += "\n\nFAILED jobs (re-run the same command to retry them):\n" + failures[
+            ["job", "kind", "message"]
+        ].to_string(index=False)
     return text
 
 

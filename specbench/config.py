@@ -98,8 +98,14 @@ class SamplingSpec:
         from specbench.decoding.sampling import SamplingConfig
 
         return SamplingConfig(
-            float(self.temperature), self.top_k, float(self.top_p), float(self.min_p), float(self.repetition_penalty),
-            float(self.frequency_penalty), float(self.presence_penalty), tuple(self.banned_token_ids),
+            float(self.temperature),
+            self.top_k,
+            float(self.top_p),
+            float(self.min_p),
+            float(self.repetition_penalty),
+            float(self.frequency_penalty),
+            float(self.presence_penalty),
+            tuple(self.banned_token_ids),
             tuple(tuple(s) for s in self.banned_sequences),
         )
 
@@ -129,8 +135,10 @@ class WorkloadConfig:
         if self.context_tokens is not None:
             _at_least("workload.context_tokens", self.context_tokens, 1)
             if self.kind == "synthetic":
-                raise ValueError(f"workload.context_tokens={self.context_tokens}: synthetic prompts are already "
-                                 "token ids; set workload.prompt_tokens instead")
+                raise ValueError(
+                    f"workload.context_tokens={self.context_tokens}: synthetic prompts are already "
+                    "token ids; set workload.prompt_tokens instead"
+                )
 
 
 @dataclass
@@ -175,8 +183,10 @@ class TuneConfig:
         if self.drafts is not None:
             drafts, kinds = list(self.drafts), DRAFT_KINDS.names()
             if not drafts:
-                raise ValueError(f"tune.drafts={drafts!r}: must list at least one draft kind of {kinds} "
-                                 "(or be null for the job's draft.kind)")
+                raise ValueError(
+                    f"tune.drafts={drafts!r}: must list at least one draft kind of {kinds} "
+                    "(or be null for the job's draft.kind)"
+                )
             for d in drafts:
                 if d not in DRAFT_KINDS:
                     raise ValueError(f"tune.drafts={drafts!r}: unknown draft kind {d!r}; allowed: {kinds}")
@@ -192,19 +202,28 @@ class TuneConfig:
             if not 0.0 < float(getattr(self, name)) < 1.0:
                 raise ValueError(f"tune.{name}={getattr(self, name)!r}: must be in (0, 1)")
         if self.storage is not None and not str(self.storage).strip():
-            raise ValueError(f"tune.storage={self.storage!r}: must be null, an RDB URL (sqlite:///path.db) "
-                             "or journal:<path>")
+            raise ValueError(
+                f"tune.storage={self.storage!r}: must be null, an RDB URL (sqlite:///path.db) or journal:<path>"
+            )
 
     def check(self, cfg: Config) -> None:
         """Checks that need the job config (called from `Config.__post_init__`, before any model loads)."""
         for d in self.draft_kinds(cfg):
             if DRAFT_KINDS.get(d).uses_pair_draft and not (cfg.pair.draft.source or cfg.pair.draft.shape):
                 others = [k for k in DRAFT_KINDS.names() if not DRAFT_KINDS.get(k).uses_pair_draft]
-                raise ValueError(f"tune.drafts={self.draft_kinds(cfg)!r}: {d!r} needs pair.draft (pair "
-                                 f"{cfg.pair.name!r} has none); allowed for this pair: {others}")
+                raise ValueError(
+                    f"tune.drafts={self.draft_kinds(cfg)!r}: {d!r} needs pair.draft (pair "
+                    f"{cfg.pair.name!r} has none); allowed for this pair: {others}"
+                )
+        if self.enabled and cfg.extra_decoders:
+            raise ValueError(
+                f"extra_decoders={list(cfg.extra_decoders)}: a tuning study measures one decoder "
+                "(set decoder=...), not a comparison"
+            )
         if cfg.decoder == HF_ASSISTED and any(b != 1 for b in self.batch_size_list(cfg)):
-            raise ValueError(f"tune.batch_sizes={self.batch_size_list(cfg)!r}: decoder='hf_assisted' supports "
-                             "batch size 1 only")
+            raise ValueError(
+                f"tune.batch_sizes={self.batch_size_list(cfg)!r}: decoder='hf_assisted' supports batch size 1 only"
+            )
 
     def draft_kinds(self, cfg: Config) -> list[str]:
         """Draft kinds the studies search: `drafts`, or the job's draft.kind."""
@@ -224,6 +243,9 @@ class Config:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     decoder: str = SPECULATIVE  # speculative (specbench's decoder) | hf_assisted (transformers')
+    # More decoders interleaved in the same job (same prompts, seeds, alternating order): a fair
+    # comparison between decoders, free of the drift between jobs. E.g. [hf_assisted].
+    extra_decoders: list[str] = field(default_factory=list)
     gamma: int = 4
     batch_size: int = 1
     max_new_tokens: int = 128
@@ -241,6 +263,10 @@ class Config:
 
     def __post_init__(self) -> None:
         _choice("decoder", self.decoder, SPECULATIVE_DECODERS)
+        for name in self.extra_decoders:
+            _choice("extra_decoders[]", name, SPECULATIVE_DECODERS)
+        if len(set(self.all_decoders)) != len(self.all_decoders):
+            raise ValueError(f"extra_decoders={list(self.extra_decoders)}: repeats decoder={self.decoder!r} or itself")
         _at_least("gamma", self.gamma, 0)  # 0: speculation off (the plain decoder alone, through the same protocol)
         _at_least("batch_size", self.batch_size, 1)
         _at_least("max_new_tokens", self.max_new_tokens, 1)
@@ -248,7 +274,7 @@ class Config:
         _at_least("warmup", self.warmup, 0)
         if self.threads is not None:
             _at_least("threads", self.threads, 1)
-        if self.decoder == HF_ASSISTED and self.batch_size != 1:
+        if HF_ASSISTED in self.all_decoders and self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size}: decoder='hf_assisted' supports batch_size=1 only")
         kind = DRAFT_KINDS.get(self.draft.kind, "draft.kind")
         if kind.uses_pair_draft and not (self.pair.draft.source or self.pair.draft.shape):
@@ -257,15 +283,22 @@ class Config:
                 f"draft.kind={self.draft.kind!r} needs pair.draft.source (or pair.draft.shape); pair {self.pair.name!r} "
                 f"has none. Pick draft={' or draft='.join(others)}, or a pair with a draft model"
             )
-        if self.decoder == HF_ASSISTED and not kind.has_model:
+        if HF_ASSISTED in self.all_decoders and not kind.has_model:
             with_model = [k for k in DRAFT_KINDS.names() if DRAFT_KINDS.get(k).has_model]
-            raise ValueError(f"draft.kind={self.draft.kind!r} with decoder='hf_assisted': transformers' assisted "
-                             f"generation needs a draft model; use draft={' or draft='.join(with_model)}")
-        if self.decoder == HF_ASSISTED:
+            raise ValueError(
+                f"draft.kind={self.draft.kind!r} with decoder='hf_assisted': transformers' assisted "
+                f"generation needs a draft model; use draft={' or draft='.join(with_model)}"
+            )
+        if HF_ASSISTED in self.all_decoders:
             from specbench.decoding.hf_assisted import check_sampling
 
             check_sampling(self.sampling.build(), set())  # settings transformers cannot apply
         self.tune.check(self)
+
+    @property
+    def all_decoders(self) -> list[str]:
+        """The speculative decoders this job measures (the baseline comes on top): decoder + extra_decoders."""
+        return [self.decoder, *self.extra_decoders]
 
 
 def register_configs() -> None:

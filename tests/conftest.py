@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: no
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
 # One thread: tests are about correctness, not speed, and OpenMP threads that spin-wait
 # on a busy 2-core box (other tests, Hydra subprocesses) can slow a forward 100-fold.
 torch.set_num_threads(1)
@@ -21,10 +22,18 @@ def tiny_llama(seed: int, layers: int = 2, vocab: int = VOCAB, dtype=torch.float
     """A random Llama small enough for exhaustive checks; a large init std makes p peaky."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.3, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
 

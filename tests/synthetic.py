@@ -58,7 +58,8 @@ def synthetic_sweep(
     runner's per-job micro-benchmark does) instead of one shared table.
     context_tokens: run every job once per level, each prompt padded to that many tokens (a context
     sweep; job names gain `_c<level>`). Request rows carry `kv_bytes_target` / `kv_bytes_draft`:
-    the batch's padded width (+ γ columns a speculative row may hold past its end) × kv_column_bytes. Speculative and AR runs of each prompt batch are interleaved and paired.
+    the batch's padded width (+ γ columns a speculative row may hold past its end) × kv_column_bytes.
+    Speculative and AR runs of each prompt batch are interleaved and paired.
     Returns {"rounds", "requests", "ct"} DataFrames.
     """
     rng = np.random.default_rng(seed)
@@ -66,8 +67,23 @@ def synthetic_sweep(
     drafts = drafts or {"tiny": (0.0010, 0.0030)}
     ctp = {"flat": 0.020, "per_token": 0.0015, "knee": 8, "ctx": 0.0, **(ct or {})}
     job_context = job_context or {}
-    rcols: dict[str, list] = {c: [] for c in ("round", "row", "gamma", "accepted", "extra", "committed", "n_active",
-                                              "context_len", "t_draft", "t_verify", "t_overhead", "t_round")}
+    rcols: dict[str, list] = {
+        c: []
+        for c in (
+            "round",
+            "row",
+            "gamma",
+            "accepted",
+            "extra",
+            "committed",
+            "n_active",
+            "context_len",
+            "t_draft",
+            "t_verify",
+            "t_overhead",
+            "t_round",
+        )
+    }
     rkeys: list[dict] = []
     reqs: list[dict] = []
 
@@ -80,9 +96,21 @@ def synthetic_sweep(
         for dname, (cd_i, cd_s) in drafts.items():
             for b, g, level in [(b, g, c) for b in batch_sizes for g in gammas for c in (context_tokens or [None])]:
                 job = f"{wl}_{dname}_b{b}_g{g}" + (f"_c{level}" if level else "")
-                base = dict(job=job, target=target, draft=dname, draft_kind="model", workload=wl, category=wl,
-                            sampling=sampling, temperature=0.0, top_k=0, top_p=1.0, batch_size=b, dtype=dtype,
-                            hardware=hardware)
+                base = dict(
+                    job=job,
+                    target=target,
+                    draft=dname,
+                    draft_kind="model",
+                    workload=wl,
+                    category=wl,
+                    sampling=sampling,
+                    temperature=0.0,
+                    top_k=0,
+                    top_p=1.0,
+                    batch_size=b,
+                    dtype=dtype,
+                    hardware=hardware,
+                )
                 pos_alpha = np.array([al[min(i, len(al) - 1)] for i in range(g)])
                 for rep in range(repeats):
                     for start in range(0, n_prompts, b):
@@ -116,8 +144,11 @@ def synthetic_sweep(
                                     to = co_ar * jitter()
                                 tr = td + tv + to
                                 committed = np.minimum(accepted + 1, new_tokens - gen[act])
-                                extra = ([BONUS if a == gg else RECOVERED for a in accepted] if gg
-                                         else [AUTOREGRESSIVE_STEP] * len(act))
+                                extra = (
+                                    [BONUS if a == gg else RECOVERED for a in accepted]
+                                    if gg
+                                    else [AUTOREGRESSIVE_STEP] * len(act)
+                                )
                                 k = len(act)
                                 rcols["round"] += [r] * k
                                 rcols["row"] += act.tolist()
@@ -140,22 +171,44 @@ def synthetic_sweep(
                                 r += 1
                             width = int(plen.max()) + new_tokens - 1 + gg  # rectangular cache at its end
                             for i in range(n):
-                                reqs.append({"row": i, "prompt_tokens": int(plen[i]), "new_tokens": int(gen[i]),
-                                             "kv_bytes_target": width * kv_column_bytes,
-                                             "kv_bytes_draft": (width - 1) * kv_column_bytes if gg else 0,
-                                             "rounds": int(nrounds[i]), "wall_time": ttft + finish[i],
-                                             "ttft": ttft, "finished_by": "max_new_tokens", **keys,
-                                             "prompt_id": f"{wl}-{ids[i]}"})
+                                reqs.append(
+                                    {
+                                        "row": i,
+                                        "prompt_tokens": int(plen[i]),
+                                        "new_tokens": int(gen[i]),
+                                        "kv_bytes_target": width * kv_column_bytes,
+                                        "kv_bytes_draft": (width - 1) * kv_column_bytes if gg else 0,
+                                        "rounds": int(nrounds[i]),
+                                        "wall_time": ttft + finish[i],
+                                        "ttft": ttft,
+                                        "finished_by": "max_new_tokens",
+                                        **keys,
+                                        "prompt_id": f"{wl}-{ids[i]}",
+                                    }
+                                )
     rounds = pd.concat([pd.DataFrame(rcols), pd.DataFrame(rkeys)], axis=1)
     requests = pd.DataFrame(reqs)
     ctrows = []
-    ct_jobs = sorted({(j, b) for j, b in zip(requests["job"], requests["batch_size"])}) if ct_per_job \
+    ct_jobs = (
+        sorted({(j, b) for j, b in zip(requests["job"], requests["batch_size"])})
+        if ct_per_job
         else [(None, b) for b in batch_sizes]
+    )
     for job, b in ct_jobs:
         for k in ct_ks:
             for L in ct_contexts:
                 for rep in range(3):
-                    ctrows.append({**({"job": job} if job else {}), "hardware": hardware, "dtype": dtype,
-                                   "target": target, "batch_size": b, "k": k, "context_len": L, "repeat": rep,
-                                   "t_forward": float(synthetic_ct_time(k, b, L, **ctp) * jitter())})
+                    ctrows.append(
+                        {
+                            **({"job": job} if job else {}),
+                            "hardware": hardware,
+                            "dtype": dtype,
+                            "target": target,
+                            "batch_size": b,
+                            "k": k,
+                            "context_len": L,
+                            "repeat": rep,
+                            "t_forward": float(synthetic_ct_time(k, b, L, **ctp) * jitter()),
+                        }
+                    )
     return {"rounds": rounds, "requests": requests, "ct": pd.DataFrame(ctrows)}

@@ -50,7 +50,9 @@ def test_exact_enumeration_returns_p(name):
     assert output_distribution(p, q) == p
 
 
-@pytest.mark.parametrize("name", ["generic", "q(x)=0<p(x)", "one-hot q"])  # disjoint: every draft is rejected, so both rules give p
+@pytest.mark.parametrize(
+    "name", ["generic", "q(x)=0<p(x)", "one-hot q"]
+)  # disjoint: every draft is rejected, so both rules give p
 def test_exact_enumeration_tells_the_wrong_rule_apart(name):
     p, q = PAIRS[name]
     assert output_distribution(p, q, resample_from_p=True) != p
@@ -113,13 +115,18 @@ def test_no_nan_on_degenerate_inputs(case):
     p = torch.full((3, 3, v), 1.0 / v)
     q = torch.full((3, 2, v), 1.0 / v)
     if case == "disjoint":
-        p = torch.zeros(3, 3, v); p[..., :2] = 0.5
-        q = torch.zeros(3, 2, v); q[..., 2:] = 1.0 / 3
+        p = torch.zeros(3, 3, v)
+        p[..., :2] = 0.5
+        q = torch.zeros(3, 2, v)
+        q[..., 2:] = 1.0 / 3
     elif case == "q zero where p positive":
-        q = torch.zeros(3, 2, v); q[..., 0] = 1.0
+        q = torch.zeros(3, 2, v)
+        q[..., 0] = 1.0
     elif case == "one-hot both":
-        p = torch.zeros(3, 3, v); p[..., 1] = 1.0
-        q = torch.zeros(3, 2, v); q[..., 1] = 1.0
+        p = torch.zeros(3, 3, v)
+        p[..., 1] = 1.0
+        q = torch.zeros(3, 2, v)
+        q[..., 1] = 1.0
     drafts = torch.multinomial(q.reshape(-1, v), 1).reshape(3, 2)
     out = rejection_sample(drafts, q, p, generator=torch.Generator().manual_seed(0))
     assert ((out.accepted >= 0) & (out.accepted <= 2)).all()

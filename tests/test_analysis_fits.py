@@ -39,15 +39,25 @@ CO_AR = 0.0005
 
 @pytest.fixture(scope="module")
 def sweep():
-    return synthetic_sweep(gammas=(1, 2, 3, 4, 5, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, ct=CT, co=CO,
-                              co_ar=CO_AR, n_prompts=12, new_tokens=96, seed=11)
+    return synthetic_sweep(
+        gammas=(1, 2, 3, 4, 5, 6),
+        alphas={"chat": ALPHAS},
+        drafts={"tiny": CD},
+        ct=CT,
+        co=CO,
+        co_ar=CO_AR,
+        n_prompts=12,
+        new_tokens=96,
+        seed=11,
+    )
 
 
 @pytest.fixture(scope="module")
 def big_acceptance():
     # many rounds at each gamma so that per-position CIs are tight
-    return synthetic_sweep(gammas=(2, 4, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, n_prompts=24,
-                              new_tokens=160, seed=12)["rounds"]
+    return synthetic_sweep(
+        gammas=(2, 4, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, n_prompts=24, new_tokens=160, seed=12
+    )["rounds"]
 
 
 def _rows(pairs, committed=None):
@@ -218,8 +228,6 @@ def test_timing_profile_refuses_mixed_settings():
         TimingProfile.from_rounds(d["rounds"])
     profs = fit_timing_profiles(d["rounds"], d["ct"])
     assert sorted(k[-1] for k in profs) == [1, 2]
-
-
 
 
 def _model_choices(alphas) -> list[str]:

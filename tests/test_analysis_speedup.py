@@ -37,15 +37,25 @@ CO_AR = 0.0005
 
 @pytest.fixture(scope="module")
 def sweep():
-    return synthetic_sweep(gammas=(1, 2, 3, 4, 5, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, ct=CT, co=CO,
-                              co_ar=CO_AR, n_prompts=12, new_tokens=96, seed=11)
+    return synthetic_sweep(
+        gammas=(1, 2, 3, 4, 5, 6),
+        alphas={"chat": ALPHAS},
+        drafts={"tiny": CD},
+        ct=CT,
+        co=CO,
+        co_ar=CO_AR,
+        n_prompts=12,
+        new_tokens=96,
+        seed=11,
+    )
 
 
 @pytest.fixture(scope="module")
 def big_acceptance():
     # many rounds at each gamma so that per-position CIs are tight
-    return synthetic_sweep(gammas=(2, 4, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, n_prompts=24,
-                              new_tokens=160, seed=12)["rounds"]
+    return synthetic_sweep(
+        gammas=(2, 4, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, n_prompts=24, new_tokens=160, seed=12
+    )["rounds"]
 
 
 def _rows(pairs, committed=None):
@@ -63,10 +73,12 @@ def test_measured_speedup_hand_values():
     base = {"job": "j", "repeat": 0, "gamma": 3}
     rows = []
     for pid, spec_wall, ar_wall in (("p0", 1.0, 2.0), ("p1", 1.0, 3.0), ("p2", 2.0, 3.0)):
-        rows.append({**base, "prompt_id": pid, "decoder": SPECULATIVE, "new_tokens": 10, "wall_time": spec_wall,
-                     "ttft": 0.1})
-        rows.append({**base, "prompt_id": pid, "decoder": AUTOREGRESSIVE, "new_tokens": 10, "wall_time": ar_wall,
-                     "ttft": 0.1})
+        rows.append(
+            {**base, "prompt_id": pid, "decoder": SPECULATIVE, "new_tokens": 10, "wall_time": spec_wall, "ttft": 0.1}
+        )
+        rows.append(
+            {**base, "prompt_id": pid, "decoder": AUTOREGRESSIVE, "new_tokens": 10, "wall_time": ar_wall, "ttft": 0.1}
+        )
     req = pd.DataFrame(rows)
     m = latency_speedup(req, ["gamma"])
     assert m.loc[0, "latency_speedup"] == pytest.approx(2.0)  # median of 2, 3, 1.5
@@ -82,12 +94,26 @@ def test_measured_speedup_hand_values():
 def test_throughput_speedup_hand_values():
     # one job, batch size 2, two batches; a batch's wall is its slowest row (rows start together)
     rows = []
-    for batch, walls in ((0, {SPECULATIVE: (1.0, 2.0), AUTOREGRESSIVE: (3.0, 4.0)}),
-                         (1, {SPECULATIVE: (1.0, 1.0), AUTOREGRESSIVE: (2.0, 3.0)})):
+    for batch, walls in (
+        (0, {SPECULATIVE: (1.0, 2.0), AUTOREGRESSIVE: (3.0, 4.0)}),
+        (1, {SPECULATIVE: (1.0, 1.0), AUTOREGRESSIVE: (2.0, 3.0)}),
+    ):
         for dec, (w0, w1) in walls.items():
             for i, w in enumerate((w0, w1)):
-                rows.append({"job": "j", "repeat": 0, "batch": batch, "prompt_id": f"p{batch}{i}", "gamma": 3,
-                             "batch_size": 2, "decoder": dec, "new_tokens": 10, "wall_time": w, "ttft": 0.1})
+                rows.append(
+                    {
+                        "job": "j",
+                        "repeat": 0,
+                        "batch": batch,
+                        "prompt_id": f"p{batch}{i}",
+                        "gamma": 3,
+                        "batch_size": 2,
+                        "decoder": dec,
+                        "new_tokens": 10,
+                        "wall_time": w,
+                        "ttft": 0.1,
+                    }
+                )
     req = pd.DataFrame(rows)
     bt = batch_throughput(req)
     assert len(bt) == 4 and (bt["tokens"] == 20).all()
@@ -135,9 +161,15 @@ def test_leave_one_out_small_error_on_consistent_data(sweep):
 def test_context_model_reduces_loo_error_when_simple_model_misses():
     # each gamma's jobs ran at a different context length (not a smooth function of γ);
     # target and draft costs grow with context
-    d = synthetic_sweep(gammas=(1, 2, 3, 4, 5, 6), ct={"ctx": 2e-5}, cd_ctx=1e-6,
-                           job_context={1: 100, 2: 1500, 3: 200, 4: 1200, 5: 300, 6: 1000},
-                           n_prompts=12, new_tokens=96, seed=2)
+    d = synthetic_sweep(
+        gammas=(1, 2, 3, 4, 5, 6),
+        ct={"ctx": 2e-5},
+        cd_ctx=1e-6,
+        job_context={1: 100, 2: 1500, 3: 200, 4: 1200, 5: 300, 6: 1000},
+        n_prompts=12,
+        new_tokens=96,
+        seed=2,
+    )
     cmp_df = compare_context_model(d["rounds"], d["requests"])
     r = cmp_df.iloc[0]
     assert r["simple_median"] > 0.05
@@ -156,8 +188,14 @@ def test_what_if_combines_profiles_and_roundtrips_json(tmp_path):
     code = (0.95, 0.9, 0.85, 0.8)
     fast_hw = dict(ct={"flat": 0.008, "per_token": 0.0002, "knee": 32}, co=(0.0004, 0.00005), co_ar=0.0002)
     A = synthetic_sweep(alphas={"code": code}, drafts={"tiny": CD}, n_prompts=12, seed=5)  # acceptance source
-    B = synthetic_sweep(alphas={"chat": (0.6, 0.5, 0.4)}, drafts={"tiny": (0.0005, 0.001)}, n_prompts=12,
-                           seed=6, hardware="gpu:synthetic", **fast_hw)  # timing source
+    B = synthetic_sweep(
+        alphas={"chat": (0.6, 0.5, 0.4)},
+        drafts={"tiny": (0.0005, 0.001)},
+        n_prompts=12,
+        seed=6,
+        hardware="gpu:synthetic",
+        **fast_hw,
+    )  # timing source
     acc = AcceptanceProfile.from_rounds(A["rounds"])
     tim = TimingProfile.from_rounds(B["rounds"], B["ct"])
     acc2 = AcceptanceProfile.from_json(acc.to_json(tmp_path / "acc.json"))
@@ -188,15 +226,23 @@ def test_what_if_combines_profiles_and_roundtrips_json(tmp_path):
 
 
 def test_optimal_gamma():
-    tim = TimingProfile(cd_intercept=0.0, cd_per_token=0.001, ct_k=[1, 16], ct_t=[0.02, 0.02], co_by_gamma={},
-                           co_intercept=0.0, co_per_token=0.0, ct1=0.02)
-    perfect = AcceptanceProfile(alphas=[1.0], trials=[10], successes=[10], alpha=1.0, alpha_trials=10,
-                                   alpha_successes=10)
+    tim = TimingProfile(
+        cd_intercept=0.0,
+        cd_per_token=0.001,
+        ct_k=[1, 16],
+        ct_t=[0.02, 0.02],
+        co_by_gamma={},
+        co_intercept=0.0,
+        co_per_token=0.0,
+        ct1=0.02,
+    )
+    perfect = AcceptanceProfile(
+        alphas=[1.0], trials=[10], successes=[10], alpha=1.0, alpha_trials=10, alpha_successes=10
+    )
     g, s = optimal_gamma(perfect, tim, gamma_max=8)
     # S(γ) = (γ+1)·0.02 / (0.001γ + 0.02): increasing in γ
     assert g == 8 and s == pytest.approx(9 * 0.02 / 0.028)
-    useless = AcceptanceProfile(alphas=[0.0], trials=[10], successes=[0], alpha=0.0, alpha_trials=10,
-                                   alpha_successes=0)
+    useless = AcceptanceProfile(alphas=[0.0], trials=[10], successes=[0], alpha=0.0, alpha_trials=10, alpha_successes=0)
     g, s = optimal_gamma(useless, tim, gamma_max=8)
     assert g == 1 and s == pytest.approx(0.02 / 0.021)
 
@@ -237,8 +283,9 @@ def test_model_accounts_for_last_round_truncation(new_tokens, n_prompts):
     # defect 5: E[N] counts accepted+1, but a request's last round commits only what fits before
     # max_new_tokens, so at short outputs and large γ the untruncated model is optimistic
     # (here +14% at 24 tokens). Noise-free timings, one constant α: the only error left is the model's.
-    d = synthetic_sweep(gammas=(8,), alphas={"chat": (0.9,)}, n_prompts=n_prompts, new_tokens=new_tokens, noise=0,
-                        seed=1)
+    d = synthetic_sweep(
+        gammas=(8,), alphas={"chat": (0.9,)}, n_prompts=n_prompts, new_tokens=new_tokens, noise=0, seed=1
+    )
     acc = AcceptanceProfile.from_rounds(d["rounds"])
     tim = TimingProfile.from_rounds(d["rounds"], d["ct"])
     pairs = paired_requests(d["requests"], basis="decode")
@@ -298,10 +345,18 @@ def test_decode_phase_divides_by_tokens_after_the_first_chunk():
     from specbench.analysis.rows import decode_phase
     from specbench.analysis.speedup import paired_requests
 
-    rows = pd.DataFrame({
-        "job": ["j"] * 2, "prompt_id": ["a"] * 2, "repeat": [0, 0], "decoder": ["hf_assisted", "autoregressive"],
-        "new_tokens": [11, 11], "wall_time": [2.0, 3.0], "ttft": [0.5, 0.5], "first_chunk_tokens": [4, 1],
-    })
+    rows = pd.DataFrame(
+        {
+            "job": ["j"] * 2,
+            "prompt_id": ["a"] * 2,
+            "repeat": [0, 0],
+            "decoder": ["hf_assisted", "autoregressive"],
+            "new_tokens": [11, 11],
+            "wall_time": [2.0, 3.0],
+            "ttft": [0.5, 0.5],
+            "first_chunk_tokens": [4, 1],
+        }
+    )
     seconds, tokens = decode_phase(rows)
     assert list(seconds) == [1.5, 2.5] and list(tokens) == [7, 10]
     pair = paired_requests(rows, "decode").iloc[0]
@@ -311,12 +366,15 @@ def test_decode_phase_divides_by_tokens_after_the_first_chunk():
     assert list(decode_phase(old)[1]) == [10, 10]
 
 
-@pytest.mark.parametrize(("lo", "hi", "verdict", "deploy"), [
-    (1.05, 1.30, "faster", "γ=4"),
-    (0.98, 1.30, "not significant", "off"),  # a tie with plain decoding within the CI: off
-    (0.70, 0.95, "slower", "off"),
-    (math.nan, math.nan, "not significant", "off"),  # too few prompts for a CI: no evidence, off
-])
+@pytest.mark.parametrize(
+    ("lo", "hi", "verdict", "deploy"),
+    [
+        (1.05, 1.30, "faster", "γ=4"),
+        (0.98, 1.30, "not significant", "off"),  # a tie with plain decoding within the CI: off
+        (0.70, 0.95, "slower", "off"),
+        (math.nan, math.nan, "not significant", "off"),  # too few prompts for a CI: no evidence, off
+    ],
+)
 def test_speculation_is_deployed_only_when_measurably_faster(lo, hi, verdict, deploy):
     from specbench.analysis.speedup import deploy_label, speedup_verdict
 

@@ -63,8 +63,13 @@ def test_launcher_configs_compose():
 
 def _run(args: list[str], runs: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "specbench", *args, f"runs_dir={runs}"],
-                          capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "specbench", *args, f"runs_dir={runs}"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize(
@@ -76,6 +81,8 @@ def _run(args: list[str], runs: Path, timeout: int = 300) -> subprocess.Complete
         (["sampling.temperature=-1"], "sampling.temperature=-1.0: must be a number >= 0"),
         (["sampling.top_p=1.5"], "sampling.top_p=1.5: must be in (0, 1]"),
         (["decoder=specbench"], "decoder='specbench': must be one of ['speculative', 'hf_assisted']"),
+        (["extra_decoders=[speculative]"], "extra_decoders=['speculative']: repeats decoder='speculative'"),
+        (["extra_decoders=[hf_assisted]", "batch_size=2"], "decoder='hf_assisted' supports batch_size=1 only"),
     ],
 )
 def test_bad_input_fails_before_loading_with_the_choices(args, message, tmp_path):
@@ -99,6 +106,26 @@ def test_gamma_zero_runs_the_plain_decoder_through_the_same_protocol(tmp_path):
     assert requests.peak_rss_bytes.iloc[0] > 0 and requests.peak_rss_bytes.nunique() == 1  # one peak per job
 
 
+def test_extra_decoders_are_interleaved_in_one_job_with_one_baseline(tmp_path):
+    args = [*TINY, "max_new_tokens=5", "workload.n_prompts=2", "extra_decoders=[hf_assisted]", "sweep_name=cmp"]
+    result = _run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (job,) = tmp_path.glob("cmp/*")
+    requests = pd.read_parquet(job / "requests.parquet")
+    assert sorted(requests.decoder) == ["autoregressive"] * 2 + ["hf_assisted"] * 2 + ["speculative"] * 2
+    from specbench.analysis.speedup import latency_speedup
+
+    table = latency_speedup(requests.assign(job="cmp"), ["decoder"])
+    assert sorted(table.decoder) == ["hf_assisted", "speculative"]  # each paired with the one shared baseline
+    from specbench.analysis.speedup import head_to_head
+
+    (row,) = head_to_head(requests.assign(job="cmp"), ["decoder"]).to_dict("records")
+    assert (row["decoder"], row["versus"], row["n_prompts"]) == ("speculative", "hf_assisted", 2)
+    wall = requests.set_index("decoder").wall_time / requests.set_index("decoder").new_tokens
+    per_prompt = (wall["hf_assisted"].to_numpy() / wall["speculative"].to_numpy()).tolist()
+    assert row["latency_speedup"] == pytest.approx(sorted(per_prompt)[0] / 2 + sorted(per_prompt)[1] / 2)
+
+
 def test_single_job_writes_the_store_and_prints_a_summary(tmp_path):
     result = _run([*TINY, "max_new_tokens=6", "workload.n_prompts=2", "sweep_name=one"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -119,8 +146,13 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     """SIGKILL a gamma sweep mid-way, re-run it: done jobs are skipped, nothing is doubled."""
     args = ["+sweep=gamma", *TINY, "max_new_tokens=24", "workload.n_prompts=3", "warmup=0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specbench", *args, f"runs_dir={tmp_path}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specbench", *args, f"runs_dir={tmp_path}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     sweep = tmp_path / "gamma"
     deadline = time.time() + 240
     while len(list(sweep.glob("*/done.json"))) < 2:
@@ -151,8 +183,17 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
 
 @pytest.mark.parametrize("launcher", ["local_parallel", "submitit_local_test"])
 def test_launchers_run_a_real_multirun(launcher, tmp_path):
-    args = [*TINY, f"hydra/launcher={launcher}", "hydra.mode=MULTIRUN", "threads=1", "gamma=1,2", "max_new_tokens=6",
-            "workload.n_prompts=2", "warmup=0", "sweep_name=launch"]  # fmt: skip
+    args = [
+        *TINY,
+        f"hydra/launcher={launcher}",
+        "hydra.mode=MULTIRUN",
+        "threads=1",
+        "gamma=1,2",
+        "max_new_tokens=6",
+        "workload.n_prompts=2",
+        "warmup=0",
+        "sweep_name=launch",
+    ]
     result = _run(args, tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(list((tmp_path / "launch").glob("*/done.json"))) == 2

@@ -52,8 +52,10 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                           for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                ]
             graph[name].update(t for t in targets if t in modules and t != name)
     return graph
 
@@ -93,9 +95,14 @@ def test_no_private_imports_across_modules():
                 aliases |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in modules}
             elif isinstance(node, ast.Import):
                 aliases |= {a.asname for a in node.names if a.asname and a.name in modules}
-        bad += [f"{name}: {n.value.id}.{n.attr}" for n in ast.walk(tree)
-                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
-                and _private(n.attr)]
+        bad += [
+            f"{name}: {n.value.id}.{n.attr}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id in aliases
+            and _private(n.attr)
+        ]
     assert not bad, bad
 
 
@@ -108,8 +115,10 @@ def toy_draft_kind():
 
         return NgramDraft(pair.target.config.vocab_size, 1, 1, device=pair.target.device)
 
-    DRAFT_KINDS.register("toy_bigram", DraftKind(load=lambda *a: (None, None), label=lambda t, p, d: "bigram",
-                                                 build=build, has_model=False))
+    DRAFT_KINDS.register(
+        "toy_bigram",
+        DraftKind(load=lambda *a: (None, None), label=lambda t, p, d: "bigram", build=build, has_model=False),
+    )
     yield "toy_bigram"
     DRAFT_KINDS.unregister("toy_bigram")
 
@@ -119,8 +128,17 @@ def test_a_new_draft_kind_needs_one_registration(toy_draft_kind, tmp_path):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        overrides = ["pair=tiny", "workload=synthetic", "workload.n_prompts=2", "workload.prompt_tokens=8",
-                     f"draft.kind={toy_draft_kind}", "max_new_tokens=6", "gamma=2", "ct_bench=false", "report=false"]
+        overrides = [
+            "pair=tiny",
+            "workload=synthetic",
+            "workload.n_prompts=2",
+            "workload.prompt_tokens=8",
+            f"draft.kind={toy_draft_kind}",
+            "max_new_tokens=6",
+            "gamma=2",
+            "ct_bench=false",
+            "report=false",
+        ]
         cfg = to_config(compose("config", overrides=overrides))
     assert cfg.draft.kind == toy_draft_kind
     assert run_job(cfg, tmp_path / "job")

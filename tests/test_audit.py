@@ -250,8 +250,9 @@ def test_hf_assisted_greedy_equals_plain_greedy_generate(pair):
             result = hf_assisted_decode(target, draft, [prompt], 3, SamplingConfig(), 24, set(), 0, timer)
             verify.append(lengths[1:])  # the first forward also carries the prompt
             lengths.clear()
-            plain = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24, eos_token_id=None,
-                                    pad_token_id=0)  # fmt: skip
+            plain = target.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=24, eos_token_id=None, pad_token_id=0
+            )
             assert result.tokens == [plain[0, len(prompt) :].tolist()]
             record = result.requests[0]
             assert record.new_tokens == 24 and record.finished_by == "max_new_tokens"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import VOCAB, tiny_llama
 from transformers import DynamicCache
 from transformers.generation.logits_process import TopKLogitsWarper
 
@@ -15,17 +16,22 @@ from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
 from specbench.models.quant import quantize_w8a16
 
-from conftest import VOCAB, tiny_llama
-
 GREEDY = SamplingConfig()
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """transformers' greedy continuation (an explicit all-ones mask: else token 0, the pad id, is masked out)."""
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                         do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def make_draft(kind, target, close_draft):
@@ -128,13 +134,22 @@ def test_records_are_raw_and_consistent(target, close_draft, prompts):
 def test_sampling_is_reproducible_with_a_seed(target, close_draft, prompts):
     sampling = SamplingConfig(temperature=0.8, top_p=0.9)
     runs = [
-        speculative_decode(CachedLM(target), ModelDraft(close_draft), prompts, 3, sampling, 16, set(),
-                           torch.Generator().manual_seed(42)).tokens  # fmt: skip
+        speculative_decode(
+            CachedLM(target),
+            ModelDraft(close_draft),
+            prompts,
+            3,
+            sampling,
+            16,
+            set(),
+            torch.Generator().manual_seed(42),
+        ).tokens
         for _ in range(2)
     ]
     assert runs[0] == runs[1]
-    other = speculative_decode(CachedLM(target), ModelDraft(close_draft), prompts, 3, sampling, 16, set(),
-                               torch.Generator().manual_seed(43)).tokens  # fmt: skip
+    other = speculative_decode(
+        CachedLM(target), ModelDraft(close_draft), prompts, 3, sampling, 16, set(), torch.Generator().manual_seed(43)
+    ).tokens
     assert other != runs[0]
 
 
@@ -188,8 +203,10 @@ class ForwardClock(PhaseTimer):
     def __init__(self, target, draft) -> None:
         super().__init__("cpu")
         self.now = 0
-        self.hooks = [target.register_forward_pre_hook(lambda *_: self._tick(1000)),
-                      draft.register_forward_pre_hook(lambda *_: self._tick(1))]  # fmt: skip
+        self.hooks = [
+            target.register_forward_pre_hook(lambda *_: self._tick(1000)),
+            draft.register_forward_pre_hook(lambda *_: self._tick(1)),
+        ]
 
     def _tick(self, n: int) -> None:
         self.now += n
@@ -220,8 +237,9 @@ def test_ttft_ends_when_the_first_token_is_available(decoder, target, close_draf
     clock = ForwardClock(target, close_draft)
     try:
         if decoder == "speculative":
-            result = speculative_decode(CachedLM(target), ModelDraft(close_draft), [prompt], gamma, GREEDY, 12, set(),
-                                        timer=clock)  # fmt: skip
+            result = speculative_decode(
+                CachedLM(target), ModelDraft(close_draft), [prompt], gamma, GREEDY, 12, set(), timer=clock
+            )
         elif decoder == "autoregressive":
             result = autoregressive_decode(CachedLM(target), [prompt], GREEDY, 12, set(), timer=clock)
         else:
@@ -255,6 +273,7 @@ def test_hf_assisted_draft_gets_no_hidden_top_k(sampling, target, close_draft, p
     hf_assisted_decode(target, close_draft, [prompts[0]], 3, sampling, 8, set(), 0, PhaseTimer())
     assert built == []
     assert close_draft.generation_config.to_dict() == before  # the assistant's settings are restored
-    hf_assisted_decode(target, close_draft, [prompts[0]], 3, SamplingConfig(temperature=1.0, top_k=5), 8, set(), 0,
-                       PhaseTimer())  # fmt: skip
+    hf_assisted_decode(
+        target, close_draft, [prompts[0]], 3, SamplingConfig(temperature=1.0, top_k=5), 8, set(), 0, PhaseTimer()
+    )
     assert built and set(built) == {5}  # a requested top-k reaches p and q alike

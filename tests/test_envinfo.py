@@ -53,20 +53,26 @@ def test_cpu_model_matches_proc_cpuinfo() -> None:
 
 def test_isa_is_recorded_and_labelled() -> None:
     isa = envinfo.environment_record()["cpu"]["isa"]
-    flags = set(Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()) if Path(
-        "/proc/cpuinfo").exists() else set()
+    flags = (
+        set(Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split())
+        if Path("/proc/cpuinfo").exists()
+        else set()
+    )
     assert set(isa["flags"]) == flags & set(envinfo.ISA_FLAGS)
     assert isa["torch_capability"] == torch.backends.cpu.get_cpu_capability()
     assert f" {envinfo.isa_label()} x" in envinfo.hardware_label("cpu")
 
 
-@pytest.mark.parametrize(("capability", "flags", "label"), [
-    ("AVX2", ["avx2", "fma"], "avx2"),
-    ("AVX2", ["avx2", "avx512f", "avx512_bf16"], "avx2"),  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine
-    ("AVX512", ["avx2", "avx512f", "avx512_bf16", "amx_bf16"], "avx512+bf16+amx"),
-    ("AVX512", ["avx2", "avx512f"], "avx512"),
-    (None, ["avx2"], "avx2"),
-])
+@pytest.mark.parametrize(
+    ("capability", "flags", "label"),
+    [
+        ("AVX2", ["avx2", "fma"], "avx2"),
+        ("AVX2", ["avx2", "avx512f", "avx512_bf16"], "avx2"),  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine
+        ("AVX512", ["avx2", "avx512f", "avx512_bf16", "amx_bf16"], "avx512+bf16+amx"),
+        ("AVX512", ["avx2", "avx512f"], "avx512"),
+        (None, ["avx2"], "avx2"),
+    ],
+)
 def test_isa_label(capability, flags, label) -> None:
     assert envinfo.isa_label({"flags": flags, "torch_capability": capability}) == label
 

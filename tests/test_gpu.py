@@ -8,26 +8,24 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from conftest import VOCAB, perturbed, tiny_llama
 
-from specbench.decoding import kvcache
 from specbench.bench import runstore
-from specbench.config import Config, DraftConfig, ModelConfig, PairConfig, WorkloadConfig
-from specbench.decoding.decoder import autoregressive_decode, speculative_decode
-from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.bench.job import run_job
 from specbench.bench.telemetry import JobTelemetry
+from specbench.config import Config, DraftConfig, ModelConfig, PairConfig, WorkloadConfig
+from specbench.decoding import kvcache
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig, exponential_race, sample
 from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host
-
-from conftest import VOCAB, perturbed, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingConfig()
@@ -42,11 +40,25 @@ def _gpu_check_module():
 
 
 def _tiny_cfg(tmp_path: Path, **kw) -> Config:
-    pair = PairConfig(name="tiny", target=ModelConfig(source=None, shape="tiny-llama"),
-                      draft=ModelConfig(source=None, shape="tiny-llama"), dtype="float32", device=kw.pop("device", "cpu"))
+    pair = PairConfig(
+        name="tiny",
+        target=ModelConfig(source=None, shape="tiny-llama"),
+        draft=ModelConfig(source=None, shape="tiny-llama"),
+        dtype="float32",
+        device=kw.pop("device", "cpu"),
+    )
     workload = kw.pop("workload", WorkloadConfig(name="synthetic", kind="synthetic", prompt_tokens=12, n_prompts=2))
-    return Config(pair=pair, draft=DraftConfig(kind="model"), workload=workload, gamma=2, batch_size=2,
-                  max_new_tokens=6, warmup=0, runs_dir=str(tmp_path), **kw)  # fmt: skip
+    return Config(
+        pair=pair,
+        draft=DraftConfig(kind="model"),
+        workload=workload,
+        gamma=2,
+        batch_size=2,
+        max_new_tokens=6,
+        warmup=0,
+        runs_dir=str(tmp_path),
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------- host syncs (CPU)
@@ -85,8 +97,9 @@ def test_one_host_sync_per_round_and_mirrors_hold(kind, sampling, target, close_
             draft.lm.check_mirrors()
 
     ps = prompts + [[3]]  # a one-token prompt takes the draft's uncache path at prefill
-    result = speculative_decode(target_lm, draft, ps, 3, sampling, 14, {11}, torch.Generator().manual_seed(0),
-                                on_round=check)  # fmt: skip
+    result = speculative_decode(
+        target_lm, draft, ps, 3, sampling, 14, {11}, torch.Generator().manual_seed(0), on_round=check
+    )
     assert result.rounds and {r.host_syncs for r in result.rounds} == {1}
     ar = autoregressive_decode(CachedLM(target), ps, sampling, 8, set(), torch.Generator().manual_seed(0))
     assert {r.host_syncs for r in ar.rounds} == {1}
@@ -98,7 +111,7 @@ def test_mirrors_under_random_cache_operations(target):
     g = torch.Generator().manual_seed(3)
     lm.prefill([[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]])
     lm.check_mirrors()
-    for step in range(40):
+    for _step in range(40):
         batch = len(lm.n_valid_host)
         op = int(torch.randint(0, 4, (1,), generator=g))
         if op <= 1:
@@ -208,13 +221,42 @@ def test_job_telemetry_aggregates_per_decoder(tmp_path):
     """Per-decoder energy per generated token from per-call summaries (no GPU needed)."""
     tel = JobTelemetry("cpu")
     tel.reason = None  # as on a CUDA job
-    call = {"available": True, "device_name": "GPU", "device_index": 0, "energy_source": "counter",
-            "power_max_w": 300.0, "sm_util_mean_pct": 50.0, "mem_util_mean_pct": 20.0, "sm_clock_mean_mhz": 1900.0,
-            "mem_used_max_bytes": 1e9}  # fmt: skip
+    call = {
+        "available": True,
+        "device_name": "GPU",
+        "device_index": 0,
+        "energy_source": "counter",
+        "power_max_w": 300.0,
+        "sm_util_mean_pct": 50.0,
+        "mem_util_mean_pct": 20.0,
+        "sm_clock_mean_mhz": 1900.0,
+        "mem_used_max_bytes": 1e9,
+    }
     tel.calls = [
-        {**call, "decoder": "autoregressive", "energy_j": 10.0, "new_tokens": 100, "duration_s": 0.1, "power_mean_w": 100.0},
-        {**call, "decoder": "autoregressive", "energy_j": 30.0, "new_tokens": 100, "duration_s": 0.3, "power_mean_w": 200.0},
-        {**call, "decoder": "speculative", "energy_j": 12.0, "new_tokens": 200, "duration_s": 0.1, "power_mean_w": 120.0},
+        {
+            **call,
+            "decoder": "autoregressive",
+            "energy_j": 10.0,
+            "new_tokens": 100,
+            "duration_s": 0.1,
+            "power_mean_w": 100.0,
+        },
+        {
+            **call,
+            "decoder": "autoregressive",
+            "energy_j": 30.0,
+            "new_tokens": 100,
+            "duration_s": 0.3,
+            "power_mean_w": 200.0,
+        },
+        {
+            **call,
+            "decoder": "speculative",
+            "energy_j": 12.0,
+            "new_tokens": 200,
+            "duration_s": 0.1,
+            "power_mean_w": 120.0,
+        },
     ]
     meta = tel.write(tmp_path)
     s = json.loads((tmp_path / "telemetry.json").read_text())
@@ -222,7 +264,10 @@ def test_job_telemetry_aggregates_per_decoder(tmp_path):
     assert ar["energy_j"] == 40.0 and ar["new_tokens"] == 200 and ar["energy_per_token_j"] == pytest.approx(0.2)
     assert ar["power_mean_w"] == pytest.approx((100 * 0.1 + 200 * 0.3) / 0.4)
     assert s["energy_per_token_j"] == pytest.approx(52.0 / 400)
-    assert meta["energy_per_token_j_by_decoder"] == {"autoregressive": pytest.approx(0.2), "speculative": pytest.approx(0.06)}
+    assert meta["energy_per_token_j_by_decoder"] == {
+        "autoregressive": pytest.approx(0.2),
+        "speculative": pytest.approx(0.06),
+    }
 
 
 # ---------------------------------------------------------------- the check script (CPU)
@@ -243,11 +288,30 @@ def test_divergence_reports_margins(target, prompts):
 def test_gpu_check_cpu_smoke(tmp_path):
     """scripts/gpu_check.sh --cpu-smoke runs every step end to end on tiny shapes (~2-3 min)."""
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke", "--out", str(out),
-                           "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu_check.sh"),
+            "--cpu-smoke",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     steps = json.loads((out / "steps.json").read_text())
-    assert steps["ok"] and [s["step"] for s in steps["steps"]] == ["env", "install", "pytest", "equality", "sweep", "report"]
+    assert steps["ok"] and [s["step"] for s in steps["steps"]] == [
+        "env",
+        "install",
+        "pytest",
+        "equality",
+        "sweep",
+        "report",
+    ]
     assert json.loads((out / "greedy_equality.json").read_text())["ok"]
     files = {p.name for p in out.iterdir()}
     assert {"gpu_check.log", "results.tar.gz", "report.md", "ct.csv", "steps.json"} <= files and len(files) <= 8
@@ -290,7 +354,11 @@ def _sync_warnings(records) -> list[str]:
 def test_cuda_one_sync_per_round(kind, sampling):
     """torch's sync debug mode sees exactly one host sync per round (the accepted counts)."""
     target = tiny_llama(0, dtype=torch.float32).cuda()
-    draft = ModelDraft(perturbed(tiny_llama(0, dtype=torch.float32), 0.3, 1).cuda()) if kind == "model" else NgramDraft(VOCAB, device="cuda")
+    draft = (
+        ModelDraft(perturbed(tiny_llama(0, dtype=torch.float32), 0.3, 1).cuda())
+        if kind == "model"
+        else NgramDraft(VOCAB, device="cuda")
+    )
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (6, 11, 3, 17)]
     seen: list[int] = []
@@ -298,9 +366,17 @@ def test_cuda_one_sync_per_round(kind, sampling):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            result = speculative_decode(CachedLM(target), draft, prompts, 3, sampling, 16, set(),
-                                        torch.Generator("cuda").manual_seed(0),
-                                        on_round=lambda seqs, rows: seen.append(len(_sync_warnings(records))))
+            result = speculative_decode(
+                CachedLM(target),
+                draft,
+                prompts,
+                3,
+                sampling,
+                16,
+                set(),
+                torch.Generator("cuda").manual_seed(0),
+                on_round=lambda seqs, rows: seen.append(len(_sync_warnings(records))),
+            )
         finally:
             torch.cuda.set_sync_debug_mode("default")
     per_round = [b - a for a, b in zip(seen, seen[1:])]  # from one round's commit to the next's
@@ -324,9 +400,16 @@ def test_cuda_greedy_equality_fp32():
         assert 0 < sum(r.accepted for r in spec.rounds)
     for p, a in zip(prompts, ar):
         x = torch.tensor([p], device="cuda")
-        hf = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, min_new_tokens=24,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
-        assert hf[0, len(p):].tolist() == a
+        hf = target.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=24,
+            min_new_tokens=24,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        assert hf[0, len(p) :].tolist() == a
 
 
 @pytest.mark.gpu
@@ -367,4 +450,3 @@ def test_cuda_job_records_telemetry(tmp_path):
     assert done["telemetry"]["available"] is True and done["hardware"].startswith("cuda:")
     rounds = pd.read_parquet(job / "rounds.parquet")
     assert set(rounds["host_syncs"]) == {1}
-

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from conftest import VOCAB, tiny_llama
+
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.hf_assisted import hf_assisted_decode
@@ -14,8 +16,6 @@ from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.records import REQUEST_COLUMNS
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
-
-from conftest import VOCAB, tiny_llama
 
 COLUMN = 2 * 2 * 2 * 8 * 8  # bytes per cache column of the tiny target
 GREEDY = SamplingConfig()

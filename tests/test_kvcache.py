@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import VOCAB, perturbed
+from test_decoder import hf_greedy
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -19,9 +21,6 @@ from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.kvcache import CachedLM, attention_windows
 from specbench.decoding.sampling import SamplingConfig
 
-from conftest import VOCAB, perturbed
-from test_decoder import hf_greedy
-
 WINDOW = 8
 MIXED = ["sliding_attention", "full_attention", "sliding_attention"]
 
@@ -30,10 +29,19 @@ def tiny_sliding(kind: str, seed: int = 0):
     """A random float64 model whose window (8) is far shorter than the contexts decoded here (>= 32)."""
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, sliding_window=WINDOW,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        sliding_window=WINDOW,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     if kind == "mistral":  # every layer slides (no layer_types)
         model = MistralForCausalLM(MistralConfig(**common))
     elif kind == "qwen2":  # sliding and full layers mixed, SDPA: one bool mask per layer type
@@ -61,8 +69,11 @@ def long_prompts() -> list[list[int]]:
 def test_the_tiny_models_really_mix_window_kinds(sliding_pair):
     windows = attention_windows(sliding_pair[0].config)
     kind = type(sliding_pair[0]).__name__
-    assert windows == ({"sliding_attention": WINDOW} if kind.startswith("Mistral") else
-                       {"sliding_attention": WINDOW, "full_attention": None}), windows  # fmt: skip
+    assert windows == (
+        {"sliding_attention": WINDOW}
+        if kind.startswith("Mistral")
+        else {"sliding_attention": WINDOW, "full_attention": None}
+    ), windows
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -129,8 +140,10 @@ def test_unsupported_attention_layouts_are_refused():
 def test_prefill_computes_logits_for_the_last_position_only(target, close_draft, prompts):
     """The lm_head sees one position per prompt (target and draft); the last logits are unchanged."""
     rows = []
-    hooks = [m.lm_head.register_forward_hook(lambda mod, args, out: rows.append(out.shape[-2]))
-             for m in (target, close_draft)]  # fmt: skip
+    hooks = [
+        m.lm_head.register_forward_hook(lambda mod, args, out: rows.append(out.shape[-2]))
+        for m in (target, close_draft)
+    ]
     try:
         logits = CachedLM(target).prefill(prompts)  # [B, V]
         assert rows == [1] * len(prompts), rows

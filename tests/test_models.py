@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from conftest import needs_embedded
 
 from specbench.config import Config, DraftConfig, PairConfig, SamplingSpec, WorkloadConfig
-from specbench.models.loading import ModelLoadError, TokenizerMismatchError, check_same_tokenizer, convert_gguf, load_model
 from specbench.decoding.sampling import SamplingConfig
-
-from conftest import needs_embedded
+from specbench.models.loading import (
+    ModelLoadError,
+    TokenizerMismatchError,
+    check_same_tokenizer,
+    convert_gguf,
+    load_model,
+)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +127,9 @@ def test_embedded_greedy_equals_generate_fp32(draft, embedded_fp32):
         for row, q in enumerate(batch):
             text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
             ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-            ref = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)[0, ids.shape[1]:]
+            ref = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)[
+                0, ids.shape[1] :
+            ]
             assert out.tokens[row] == ref.tolist(), f"B={len(batch)} row {row}"
         if draft == "w8a16":
             assert out.rounds["accepted"].mean() > 1.0  # the int8 copy agrees often with its target

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
-
-import json
-import shlex
 
 import pandas as pd
 import pytest
@@ -23,14 +22,28 @@ from specbench.report.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ALL_FIGURES = {"acceptance_by_position.png", "acceptance_by_category.png", "accept_length_vs_gamma.png", "cost_breakdown.png", "ct_k.png",
-               "speedup_vs_gamma.png", "tokens_per_second.png", "acceptance_length_histogram.png"}
+ALL_FIGURES = {
+    "acceptance_by_position.png",
+    "acceptance_by_category.png",
+    "accept_length_vs_gamma.png",
+    "cost_breakdown.png",
+    "ct_k.png",
+    "speedup_vs_gamma.png",
+    "tokens_per_second.png",
+    "acceptance_length_histogram.png",
+}
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    return synthetic_sweep(gammas=(1, 2, 4), alphas={"chat": (0.85, 0.7, 0.6), "code": (0.95, 0.9, 0.85)},
-                              batch_sizes=(1, 4), n_prompts=4, new_tokens=40, seed=3)
+    return synthetic_sweep(
+        gammas=(1, 2, 4),
+        alphas={"chat": (0.85, 0.7, 0.6), "code": (0.95, 0.9, 0.85)},
+        batch_sizes=(1, 4),
+        n_prompts=4,
+        new_tokens=40,
+        seed=3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +63,17 @@ def test_report_writes_all_files(built):
     md = built["markdown"].read_text()
     for name in ALL_FIGURES:
         assert f"]({name})" in md
-    for heading in ("## Summary", "## Recommendations", "## Acceptance", "## Component costs", "## Speedup model",
-                    "Leave-one-γ-out", "latency speedup: median [95% CI] n prompts",
-                    "throughput speedup: median [95% CI] n batches", "exact order-statistic"):
+    for heading in (
+        "## Summary",
+        "## Recommendations",
+        "## Acceptance",
+        "## Component costs",
+        "## Speedup model",
+        "Leave-one-γ-out",
+        "latency speedup: median [95% CI] n prompts",
+        "throughput speedup: median [95% CI] n batches",
+        "exact order-statistic",
+    ):
         assert heading in md
 
 
@@ -78,8 +99,9 @@ def test_missing_data_is_skipped_with_a_note(sweep, tmp_path):
     html = res["html"].read_text()
     assert "fewer than two batch sizes" in html and "rounds (fallback)" in html
     # AR-only rows: no speculative plots, still a report
-    res = report.build_report(r[r["decoder"] == AUTOREGRESSIVE], q[q["decoder"] == AUTOREGRESSIVE], None,
-                              tmp_path / "ar_only")
+    res = report.build_report(
+        r[r["decoder"] == AUTOREGRESSIVE], q[q["decoder"] == AUTOREGRESSIVE], None, tmp_path / "ar_only"
+    )
     assert res["html"].exists() and {p.name for p in res["figures"]} == {"ct_k.png"}
 
 
@@ -114,13 +136,32 @@ def test_cli_main_writes_report(sweep, tmp_path, capsys):
 def test_serving_metrics_are_in_the_report_and_its_tables(built, sweep):
     out = built["html"].parent
     md = built["markdown"].read_text()
-    for text in ("## Serving metrics", "Mean acceptance length (vLLM definition)", "conditional α_i (specbench)",
-                 "unconditional, vLLM-style", "Per-request acceptance", "P50 ms", "P95 ms", "P99 ms", "len 1",
-                 "## Memory", "KV cache per row (MiB)", "peak memory: not recorded"):
+    for text in (
+        "## Serving metrics",
+        "Mean acceptance length (vLLM definition)",
+        "conditional α_i (specbench)",
+        "unconditional, vLLM-style",
+        "Per-request acceptance",
+        "P50 ms",
+        "P95 ms",
+        "P99 ms",
+        "len 1",
+        "## Memory",
+        "KV cache per row (MiB)",
+        "peak memory: not recorded",
+    ):
         assert text in md, text
     tables = {p.name for p in built["tables"]}
-    for name in ("recommendations", "schedule_throughput", "schedule_latency", "mean_acceptance_length",
-                 "acceptance_length_histogram", "acceptance_by_position_both", "latency_percentiles", "kv_bytes"):
+    for name in (
+        "recommendations",
+        "schedule_throughput",
+        "schedule_latency",
+        "mean_acceptance_length",
+        "acceptance_length_histogram",
+        "acceptance_by_position_both",
+        "latency_percentiles",
+        "kv_bytes",
+    ):
         assert {f"{name}.csv", f"{name}.json"} <= tables, name
     # the CSV is the raw rows' numbers: vLLM's mean acceptance length = 1 + Σaccepted / Σrounds per job γ
     mal = pd.read_csv(out / "tables" / "mean_acceptance_length.csv")
@@ -168,8 +209,15 @@ def test_one_batch_size_has_no_schedule(sweep, tmp_path):
 
 
 def test_context_sweep_adds_measured_vs_model_section(tmp_path):
-    s = synthetic_sweep(gammas=(2, 4), batch_sizes=(1,), n_prompts=6, new_tokens=24, context_tokens=(128, 512, 2048),
-                        ct={"ctx": 2e-5}, seed=1)
+    s = synthetic_sweep(
+        gammas=(2, 4),
+        batch_sizes=(1,),
+        n_prompts=6,
+        new_tokens=24,
+        context_tokens=(128, 512, 2048),
+        ct={"ctx": 2e-5},
+        seed=1,
+    )
     res = report.build_report(s["rounds"], s["requests"], s["ct"], tmp_path)
     assert "context_length.png" in {p.name for p in res["figures"]}
     assert "## Context length" in res["markdown"].read_text()
@@ -180,8 +228,12 @@ def test_context_sweep_adds_measured_vs_model_section(tmp_path):
     assert t["C_t(1) ms model"].to_numpy() == pytest.approx(t["C_t(1) ms measured"].to_numpy(), rel=0.1)
     assert set(t["best γ measured"]) <= {2, 4} and (t["γ* model"] >= 1).all()
     # an ordinary sweep (one context per setting and γ) has no context section
-    plain = report.build_report(s["rounds"][s["rounds"]["job"].str.endswith("_c128")],
-                                s["requests"][s["requests"]["job"].str.endswith("_c128")], s["ct"], tmp_path / "p")
+    plain = report.build_report(
+        s["rounds"][s["rounds"]["job"].str.endswith("_c128")],
+        s["requests"][s["requests"]["job"].str.endswith("_c128")],
+        s["ct"],
+        tmp_path / "p",
+    )
     assert "## Context length" not in plain["markdown"].read_text()
 
 
@@ -199,13 +251,27 @@ def test_peak_memory_hook_shows_recorded_peaks(sweep, tmp_path):
 @pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium")
 def test_html_renders_non_blank_in_chromium(built, tmp_path):
     png = tmp_path / "shot.png"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_report_html.py"), str(built["html"]),
-                           "--png", str(png)], capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_report_html.py"), str(built["html"]), "--png", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("OK")
     # and the checker does reject a blank page
     blank = tmp_path / "blank.html"
     blank.write_text("<!DOCTYPE html><html><body style='background:#fff'></body></html>")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_report_html.py"), str(blank),
-                           "--png", str(tmp_path / "blank.png")], capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "check_report_html.py"),
+            str(blank),
+            "--png",
+            str(tmp_path / "blank.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 1 and proc.stdout.startswith("BLANK")

@@ -19,6 +19,7 @@ import torch
 
 from specbench.bench import runstore as rs
 
+
 def _files(d: Path) -> set[str]:
     return {p.name for p in d.iterdir() if p.is_file()}
 
@@ -45,7 +46,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path) -> None:
     good = pd.DataFrame({"a": [1, 2]})
     rs.write_table(tmp_path, "t", good)
     bad = pd.DataFrame({"a": [1, object()]})  # pyarrow cannot convert an arbitrary object
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):  # pyarrow.ArrowInvalid
         rs.write_table(tmp_path, "t", bad)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), good)
     assert _tmp_files(tmp_path) == []

@@ -68,8 +68,7 @@ def test_builtin_filter_and_limit_keep_file_order():
     everything = load_builtin()
     picked = load_builtin(categories=["rag", "code"], limit_per_category=3)
     assert [p.prompt_id for p in picked] == [
-        p.prompt_id for p in everything if p.category in {"code", "rag"}
-        and int(p.prompt_id.rsplit("-", 1)[1]) <= 3
+        p.prompt_id for p in everything if p.category in {"code", "rag"} and int(p.prompt_id.rsplit("-", 1)[1]) <= 3
     ]
     assert Counter(p.category for p in picked) == {"code": 3, "rag": 3}
     assert load_builtin(categories="qa") == load_builtin(categories=["qa"])
@@ -115,10 +114,13 @@ def test_spec_bench_filter_and_limit():
 
 
 def test_spec_bench_format_ignores_extra_fields(tmp_path):
-    path = write_lines(tmp_path / "q.jsonl", [
-        json.dumps({"question_id": 7, "category": "qa", "turns": ["Why?", "And then?"], "reference": ["x"]}),
-        json.dumps({"question_id": "b", "category": "qa", "turns": ["How?"]}),
-    ])
+    path = write_lines(
+        tmp_path / "q.jsonl",
+        [
+            json.dumps({"question_id": 7, "category": "qa", "turns": ["Why?", "And then?"], "reference": ["x"]}),
+            json.dumps({"question_id": "b", "category": "qa", "turns": ["How?"]}),
+        ],
+    )
     prompts = load_spec_bench(path)
     assert [(p.prompt_id, p.messages) for p in prompts] == [
         ("7", [{"role": "user", "content": "Why?"}]),
@@ -131,11 +133,14 @@ def test_spec_bench_format_ignores_extra_fields(tmp_path):
 
 def test_jsonl_both_line_forms_and_defaults(tmp_path):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    path = write_lines(tmp_path / "traffic.jsonl", [
-        json.dumps({"prompt": "What is 2+2?"}),
-        "",  # blank lines are skipped but still counted
-        json.dumps({"messages": msgs, "id": "req-9", "category": "support"}),
-    ])
+    path = write_lines(
+        tmp_path / "traffic.jsonl",
+        [
+            json.dumps({"prompt": "What is 2+2?"}),
+            "",  # blank lines are skipped but still counted
+            json.dumps({"messages": msgs, "id": "req-9", "category": "support"}),
+        ],
+    )
     prompts = load_jsonl_prompts(path)
     assert prompts == [
         Prompt("1", "custom", [{"role": "user", "content": "What is 2+2?"}], source="jsonl"),
@@ -250,8 +255,9 @@ def test_render_with_chat_template(smollm2_tokenizer):
     text = render_prompt(prompt, smollm2_tokenizer)
     assert prompt.messages[0]["content"] in text
     assert text.endswith("<|im_start|>assistant\n")  # the generation prompt
-    system = Prompt("x", "custom", [{"role": "system", "content": "Answer in French."},
-                                     {"role": "user", "content": "Hello"}])
+    system = Prompt(
+        "x", "custom", [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"}]
+    )
     rendered = render_prompt(system, smollm2_tokenizer)
     assert "<|im_start|>system\nAnswer in French.<|im_end|>" in rendered
     assert rendered.endswith("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")
@@ -264,6 +270,5 @@ def test_render_without_chat_template_joins_contents():
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
     assert not tokenizer.chat_template
-    prompt = Prompt("x", "custom", [{"role": "system", "content": "Be brief."},
-                                     {"role": "user", "content": "Hello"}])
+    prompt = Prompt("x", "custom", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}])
     assert render_prompt(prompt, tokenizer) == "Be brief.\n\nHello"

@@ -32,9 +32,17 @@ def measured_accept_length(rounds: pd.DataFrame, by=None, confidence: float = 0.
             h = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
         else:
             h = 0.0 if n > 1 else math.nan
-        out.append({**kd, "gamma": int(kd["gamma"]), "n_rounds": n, "accept_length": m,
-                    "accept_length_lo": m - h, "accept_length_hi": m + h,
-                    "mean_committed": float(sub["committed"].mean())})
+        out.append(
+            {
+                **kd,
+                "gamma": int(kd["gamma"]),
+                "n_rounds": n,
+                "accept_length": m,
+                "accept_length_lo": m - h,
+                "accept_length_hi": m + h,
+                "mean_committed": float(sub["committed"].mean()),
+            }
+        )
     cols = keys + ["gamma", "n_rounds", "accept_length", "accept_length_lo", "accept_length_hi", "mean_committed"]
     return pd.DataFrame(out, columns=cols)
 
@@ -56,8 +64,15 @@ def compare_accept_length_models(rounds: pd.DataFrame, by=None) -> pd.DataFrame:
         for _, r in meas[match_rows(meas, kd)].iterrows():
             g = int(r["gamma"])
             ps, pp = prof.accept_length(g, "single"), prof.accept_length(g, "positional")
-            rows.append({**r.to_dict(), "pred_single": ps, "pred_positional": pp,
-                         "err_single": ps - r["accept_length"], "err_positional": pp - r["accept_length"]})
+            rows.append(
+                {
+                    **r.to_dict(),
+                    "pred_single": ps,
+                    "pred_positional": pp,
+                    "err_single": ps - r["accept_length"],
+                    "err_positional": pp - r["accept_length"],
+                }
+            )
     cols = list(meas.columns) + ["pred_single", "pred_positional", "err_single", "err_positional"]
     return pd.DataFrame(rows, columns=cols)
 
@@ -111,8 +126,15 @@ def which_accept_length_model(rounds: pd.DataFrame, by=None, *, folds: int = 5, 
             s, p = heldout_loglik(sub[fold != f], sub[fold == f])
             lls, llp = lls + s, llp + p
         n = len(sub)
-        out.append({**kd, "n_rounds": n, "n_positions": int(sub["gamma"].max()) if n else 0,
-                    "loglik_single": lls / n if n else math.nan, "loglik_positional": llp / n if n else math.nan,
-                    "better": "positional" if llp > lls else "single"})
+        out.append(
+            {
+                **kd,
+                "n_rounds": n,
+                "n_positions": int(sub["gamma"].max()) if n else 0,
+                "loglik_single": lls / n if n else math.nan,
+                "loglik_positional": llp / n if n else math.nan,
+                "better": "positional" if llp > lls else "single",
+            }
+        )
     cols = keys + ["n_rounds", "n_positions", "loglik_single", "loglik_positional", "better"]
     return pd.DataFrame(out, columns=cols)

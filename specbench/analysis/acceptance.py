@@ -9,15 +9,14 @@ draft; that truncation is modelled separately (:func:`tokens_per_round`).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from specbench.analysis.jsonio import JsonFile
 from specbench.analysis.rows import ACCEPTANCE_KEYS, group_keys, iter_groups, native, spec_rows
 from specbench.analysis.stats import proportion_ci
 
@@ -65,8 +64,17 @@ def acceptance_by_position(
         trials, succ = position_counts(sub["accepted"], sub["gamma"])
         for i, (n, k) in enumerate(zip(trials, succ), start=1):
             lo, hi = proportion_ci(k, n, confidence, method)
-            out.append({**kd, "position": i, "trials": int(n), "successes": int(k),
-                        "alpha": k / n if n else math.nan, "alpha_lo": lo, "alpha_hi": hi})
+            out.append(
+                {
+                    **kd,
+                    "position": i,
+                    "trials": int(n),
+                    "successes": int(k),
+                    "alpha": k / n if n else math.nan,
+                    "alpha_lo": lo,
+                    "alpha_hi": hi,
+                }
+            )
     cols = keys + ["position", "trials", "successes", "alpha", "alpha_lo", "alpha_hi"]
     return pd.DataFrame(out, columns=cols)
 
@@ -160,7 +168,7 @@ def tokens_per_round(pmf: Sequence[float], budget: int | None) -> float:
 
 
 @dataclass
-class AcceptanceProfile:
+class AcceptanceProfile(JsonFile):
     """Per-position acceptance of one (target, draft, workload, sampling) setting.
 
     `alphas[i-1]` is α_i (NaN where position i was never tested); `alpha` is the
@@ -245,14 +253,3 @@ class AcceptanceProfile:
         d["alphas"] = [math.nan if a is None else float(a) for a in d["alphas"]]
         d["alpha"] = math.nan if d["alpha"] is None else float(d["alpha"])
         return cls(**d)
-
-    def to_json(self, path) -> Path:
-        """Write `to_dict` as JSON; returns the path."""
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
-        return path
-
-    @classmethod
-    def from_json(cls, path) -> AcceptanceProfile:
-        """Read a profile written by `to_json`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -157,7 +157,9 @@ def round_level(rounds: pd.DataFrame) -> pd.DataFrame:
     `committed` the sums, `rows` the number of batch rows.
     """
     keys = [c for c in _ROUND_ID if c in rounds.columns]
-    extra = [c for c in (*TIMING_KEYS, "workload", "sampling", "gamma_setting") if c in rounds.columns and c not in keys]
+    extra = [
+        c for c in (*TIMING_KEYS, "workload", "sampling", "gamma_setting") if c in rounds.columns and c not in keys
+    ]
     if rounds.empty:
         return rounds.assign(rows=pd.Series(dtype=int))
     rid = rounds.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()  # ids in order of appearance

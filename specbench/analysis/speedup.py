@@ -20,7 +20,7 @@ from specbench.analysis.acceptance import AcceptanceProfile
 from specbench.analysis.rows import SETTING_KEYS, decode_phase, decoder_column, group_keys, iter_groups
 from specbench.analysis.stats import median_ci
 from specbench.analysis.timing import TimingProfile
-from specbench.decoding.records import AUTOREGRESSIVE
+from specbench.decoding.records import AUTOREGRESSIVE, SPECULATIVE
 
 BASES = ("wall", "decode")
 _BATCH_ID = ("job", "decoder", "repeat", "batch")
@@ -69,10 +69,22 @@ def predict_speedup(
         ctv = timing.c_t(g + 1, context_len)
         co = timing.c_o(g)
         ct1 = timing.c_t1(context_len)
-        rows.append({"gamma": g, "accept_length": ep if model == "positional" else es, "accept_length_single": es,
-                     "accept_length_positional": ep, "tokens_per_round": tpr, "c_d": cd, "c_t": ctv, "c_o": co,
-                     "c_t1": ct1, "t_round": cd + ctv + co, "predicted_speedup": speedup_formula(tpr, ct1, cd, ctv, co),
-                     "ideal_speedup": ideal_speedup(tpr, ct1, cd, ctv)})
+        rows.append(
+            {
+                "gamma": g,
+                "accept_length": ep if model == "positional" else es,
+                "accept_length_single": es,
+                "accept_length_positional": ep,
+                "tokens_per_round": tpr,
+                "c_d": cd,
+                "c_t": ctv,
+                "c_o": co,
+                "c_t1": ct1,
+                "t_round": cd + ctv + co,
+                "predicted_speedup": speedup_formula(tpr, ct1, cd, ctv, co),
+                "ideal_speedup": ideal_speedup(tpr, ct1, cd, ctv),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -104,8 +116,12 @@ def deploy_label(gamma: int, lo: float, hi: float) -> str:
     return f"γ={int(gamma)}" if speedup_verdict(lo, hi) == "faster" else "off"
 
 
-def paired_requests(requests: pd.DataFrame, basis: str = "wall") -> pd.DataFrame:
+def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str = AUTOREGRESSIVE) -> pd.DataFrame:
     """Pair each speculative request with the AR request of the same job/prompt_id/repeat.
+
+    `baseline` names the decoder the others are divided by: the autoregressive baseline, or another
+    decoder run in the same job (`extra_decoders`), e.g. 'hf_assisted' for specbench vs transformers;
+    the "ar_" columns then hold that decoder's figures.
 
     basis 'wall': time per token = wall_time / new_tokens (end to end, prefill included);
     basis 'decode': (wall_time − ttft) / (new_tokens − first_chunk_tokens) (decode phase only,
@@ -118,9 +134,9 @@ def paired_requests(requests: pd.DataFrame, basis: str = "wall") -> pd.DataFrame
     on = [c for c in ("job", "prompt_id", "repeat") if c in requests.columns]
     if not on:
         raise ValueError("requests need job/prompt_id/repeat columns to pair decoders")
-    sp = requests[dec != AUTOREGRESSIVE]
+    sp = requests[(dec != AUTOREGRESSIVE) & (dec != baseline)]
     timed = [c for c in ("new_tokens", "wall_time", "ttft", "first_chunk_tokens") if c in requests.columns]
-    ar = requests[dec == AUTOREGRESSIVE][on + timed]
+    ar = requests[dec == baseline][on + timed]
     if ar.duplicated(on).any():
         raise ValueError(f"several AR requests share {on}; cannot pair them unambiguously")
     m = sp.merge(ar.rename(columns={c: f"ar_{c}" for c in timed}), on=on, how="inner")
@@ -138,28 +154,59 @@ def paired_requests(requests: pd.DataFrame, basis: str = "wall") -> pd.DataFrame
     return m[np.isfinite(m["ratio"]) & (m["ratio"] > 0)].reset_index(drop=True)
 
 
-def latency_speedup(requests: pd.DataFrame, by=None, *, basis: str = "wall", confidence: float = 0.95) -> pd.DataFrame:
+def latency_speedup(
+    requests: pd.DataFrame, by=None, *, basis: str = "wall", confidence: float = 0.95, baseline: str = AUTOREGRESSIVE
+) -> pd.DataFrame:
     """Measured per-request (latency) speedup per group: median over prompts of the per-prompt
     paired ratio (geometric mean over repeats), exact order-statistic CI over prompts.
 
     `requests` needs a `gamma` column to group by γ (see `add_gamma_setting`). Columns: by +
     [latency_speedup, latency_speedup_lo, latency_speedup_hi, n_prompts, n_pairs, spec_tok_s,
-    ar_tok_s] (tok/s = Σ new tokens / Σ wall time over the pairs: a per-request rate).
+    ar_tok_s] (tok/s = Σ new tokens / Σ wall time over the pairs: a per-request rate; "ar" is
+    `baseline`, the autoregressive decoder unless another decoder of the same job is named).
     """
-    pairs = paired_requests(requests, basis)
+    pairs = paired_requests(requests, basis, baseline)
     keys = group_keys(pairs, by, (*SETTING_KEYS, "gamma"))
     out = []
     for kd, sub in iter_groups(pairs, keys):
         unit = [c for c in ("job", "decoder", "prompt_id") if c in sub.columns]
         per_prompt = np.exp(np.log(sub["ratio"]).groupby([sub[c] for c in unit]).mean())
         med, lo, hi = median_ci(per_prompt.to_numpy(), confidence)
-        out.append({**kd, "latency_speedup": med, "latency_speedup_lo": lo, "latency_speedup_hi": hi,
-                    "n_prompts": len(per_prompt), "n_pairs": len(sub),
-                    "spec_tok_s": float(sub["new_tokens"].sum() / sub["wall_time"].sum()),
-                    "ar_tok_s": float(sub["ar_new_tokens"].sum() / sub["ar_wall_time"].sum())})
-    cols = keys + ["latency_speedup", "latency_speedup_lo", "latency_speedup_hi", "n_prompts", "n_pairs",
-                   "spec_tok_s", "ar_tok_s"]
+        out.append(
+            {
+                **kd,
+                "latency_speedup": med,
+                "latency_speedup_lo": lo,
+                "latency_speedup_hi": hi,
+                "n_prompts": len(per_prompt),
+                "n_pairs": len(sub),
+                "spec_tok_s": float(sub["new_tokens"].sum() / sub["wall_time"].sum()),
+                "ar_tok_s": float(sub["ar_new_tokens"].sum() / sub["ar_wall_time"].sum()),
+            }
+        )
+    cols = keys + [
+        "latency_speedup",
+        "latency_speedup_lo",
+        "latency_speedup_hi",
+        "n_prompts",
+        "n_pairs",
+        "spec_tok_s",
+        "ar_tok_s",
+    ]
     return pd.DataFrame(out, columns=cols)
+
+
+def head_to_head(requests: pd.DataFrame, by=None, *, basis: str = "wall", confidence: float = 0.95) -> pd.DataFrame:
+    """Speculative decoders run in the same jobs (`extra_decoders`), divided by each other per prompt:
+    `decoder` over `versus`, same prompts, seeds and interleaving, so no drift between jobs enters.
+    Columns: `latency_speedup` table columns + `versus`; empty with fewer than two such decoders."""
+    # specbench's own decoder first: it is the numerator against every other
+    names = sorted(set(decoder_column(requests)) - {AUTOREGRESSIVE}, key=lambda n: (n != SPECULATIVE, n))
+    frames = []
+    for versus in names[1:]:
+        table = latency_speedup(requests, by, basis=basis, confidence=confidence, baseline=versus)
+        frames.append(table.assign(versus=versus))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 # --------------------------------------------------------------------------- measured: throughput
@@ -197,17 +244,32 @@ def throughput_speedup(requests: pd.DataFrame, by=None, *, confidence: float = 0
     on = [c for c in ("job", "repeat", "batch") if c in bt.columns]
     sp = bt[bt["decoder"] != AUTOREGRESSIVE]
     ar = bt[bt["decoder"] == AUTOREGRESSIVE][on + ["tokens", "wall", "tok_s"]]
-    pairs = sp.merge(ar.rename(columns={"tokens": "ar_tokens", "wall": "ar_wall", "tok_s": "ar_batch_tok_s"}),
-                     on=on, how="inner")
+    pairs = sp.merge(
+        ar.rename(columns={"tokens": "ar_tokens", "wall": "ar_wall", "tok_s": "ar_batch_tok_s"}), on=on, how="inner"
+    )
     pairs["ratio"] = pairs["tok_s"] / pairs["ar_batch_tok_s"]
     pairs = pairs[np.isfinite(pairs["ratio"]) & (pairs["ratio"] > 0)]
     keys = group_keys(pairs, by, (*SETTING_KEYS, "gamma"))
     out = []
     for kd, sub in iter_groups(pairs, keys):
         med, lo, hi = median_ci(sub["ratio"].to_numpy(), confidence)
-        out.append({**kd, "throughput_speedup": med, "throughput_speedup_lo": lo, "throughput_speedup_hi": hi,
-                    "n_batches": len(sub), "spec_tok_s": float(sub["tokens"].sum() / sub["wall"].sum()),
-                    "ar_tok_s": float(sub["ar_tokens"].sum() / sub["ar_wall"].sum())})
-    cols = keys + ["throughput_speedup", "throughput_speedup_lo", "throughput_speedup_hi", "n_batches",
-                   "spec_tok_s", "ar_tok_s"]
+        out.append(
+            {
+                **kd,
+                "throughput_speedup": med,
+                "throughput_speedup_lo": lo,
+                "throughput_speedup_hi": hi,
+                "n_batches": len(sub),
+                "spec_tok_s": float(sub["tokens"].sum() / sub["wall"].sum()),
+                "ar_tok_s": float(sub["ar_tokens"].sum() / sub["ar_wall"].sum()),
+            }
+        )
+    cols = keys + [
+        "throughput_speedup",
+        "throughput_speedup_lo",
+        "throughput_speedup_hi",
+        "n_batches",
+        "spec_tok_s",
+        "ar_tok_s",
+    ]
     return pd.DataFrame(out, columns=cols)

@@ -19,9 +19,20 @@ from specbench.analysis.timing import TimingProfile
 from specbench.analysis.validation import decode_budget
 
 SUMMARY_KEYS = ("target", "draft", "decoder", "workload", "sampling", "max_new_tokens", "batch_size", "gamma")
-SUMMARY_VALUES = ("acceptance", "accept_length", "spec_tok_s", "ar_tok_s", "latency_speedup", "latency_speedup_lo",
-                  "latency_speedup_hi", "n_prompts", "throughput_speedup", "throughput_speedup_lo",
-                  "throughput_speedup_hi", "n_batches")
+SUMMARY_VALUES = (
+    "acceptance",
+    "accept_length",
+    "spec_tok_s",
+    "ar_tok_s",
+    "latency_speedup",
+    "latency_speedup_lo",
+    "latency_speedup_hi",
+    "n_prompts",
+    "throughput_speedup",
+    "throughput_speedup_lo",
+    "throughput_speedup_hi",
+    "n_batches",
+)
 # Column headers of the two measured speedups (the statistic and the CI, see stats.median_ci).
 LATENCY_HEADER = "latency speedup: median [95% CI] n prompts"
 THROUGHPUT_HEADER = "throughput speedup: median [95% CI] n batches"
@@ -68,8 +79,13 @@ def summary_table(
     rk = [k for k in keys if k in sp.columns]
     acc = []
     for kd, sub in iter_groups(sp, rk):
-        acc.append({**kd, "acceptance": sub["accepted"].sum() / sub["gamma_row"].sum(),
-                    "accept_length": float((sub["accepted"] + 1).mean())})
+        acc.append(
+            {
+                **kd,
+                "acceptance": sub["accepted"].sum() / sub["gamma_row"].sum(),
+                "accept_length": float((sub["accepted"] + 1).mean()),
+            }
+        )
     acc = pd.DataFrame(acc, columns=rk + ["acceptance", "accept_length"])
     out = out.merge(acc, on=rk, how="left") if rk else out.assign(**(acc.iloc[0].to_dict() if len(acc) else {}))
     cols = keys + list(SUMMARY_VALUES)
@@ -145,9 +161,32 @@ def recommendations(
                 gopt, sopt = optimal_gamma(acc, tim, gamma_max, decode_tokens=decode_budget(requests, sel))
             except ValueError:  # mixed timing settings inside this selection
                 pass
-        out.append({**kd, **{k: best[k] for k in choice}, "latency_speedup": best["latency_speedup"],
-                    "latency_speedup_lo": lo, "latency_speedup_hi": hi, "n_prompts": best["n_prompts"],
-                    "verdict": verdict, "deploy": deploy_label(best.get("gamma", 0), lo, hi),
-                    "model_gamma": gopt, "model_speedup": sopt})
-    return pd.DataFrame(out, columns=by + choice + ["latency_speedup", "latency_speedup_lo", "latency_speedup_hi",
-                                                    "n_prompts", "verdict", "deploy", "model_gamma", "model_speedup"])
+        out.append(
+            {
+                **kd,
+                **{k: best[k] for k in choice},
+                "latency_speedup": best["latency_speedup"],
+                "latency_speedup_lo": lo,
+                "latency_speedup_hi": hi,
+                "n_prompts": best["n_prompts"],
+                "verdict": verdict,
+                "deploy": deploy_label(best.get("gamma", 0), lo, hi),
+                "model_gamma": gopt,
+                "model_speedup": sopt,
+            }
+        )
+    return pd.DataFrame(
+        out,
+        columns=by
+        + choice
+        + [
+            "latency_speedup",
+            "latency_speedup_lo",
+            "latency_speedup_hi",
+            "n_prompts",
+            "verdict",
+            "deploy",
+            "model_gamma",
+            "model_speedup",
+        ],
+    )

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from specbench.analysis.jsonio import JsonFile
 from specbench.analysis.rows import (
     AR_IGNORE,
     TIMING_KEYS,
@@ -53,7 +54,7 @@ class ContextTerms:
 
 
 @dataclass
-class TimingProfile:
+class TimingProfile(JsonFile):
     """Component costs (seconds) of one (hardware, dtype, target, draft, batch_size).
 
     C_d(γ) = cd_intercept + cd_per_token·γ (least squares through the per-γ medians of
@@ -114,7 +115,9 @@ class TimingProfile:
 
     # -- fitting
     @classmethod
-    def from_rounds(cls, rounds: pd.DataFrame, ct: pd.DataFrame | None = None, *, context: bool = True) -> TimingProfile:
+    def from_rounds(
+        cls, rounds: pd.DataFrame, ct: pd.DataFrame | None = None, *, context: bool = True
+    ) -> TimingProfile:
         """Fit from the round rows of ONE timing setting (speculative + AR rows).
 
         C_t(k) comes from the `ct` micro-benchmark rows matching the setting's hardware,
@@ -143,12 +146,14 @@ class TimingProfile:
         # Lines through the per-γ medians (weighted by rounds): robust to stalls (GC,
         # contention) that would drag a least-squares fit on raw rounds.
         cd_med = rs.groupby("gamma")["t_draft"].agg(["median", "size"]) if len(rs) else None
-        cd_i, cd_s = linear_fit(cd_med.index, cd_med["median"], "origin", cd_med["size"]) if len(rs) \
-            else (math.nan, math.nan)
+        cd_i, cd_s = (
+            linear_fit(cd_med.index, cd_med["median"], "origin", cd_med["size"]) if len(rs) else (math.nan, math.nan)
+        )
         co_agg = rs.groupby("gamma")["t_overhead"].agg(["median", "size"]) if len(rs) else None
         co_med = co_agg["median"] if len(rs) else pd.Series(dtype=float)
-        co_i, co_s = linear_fit(co_agg.index, co_agg["median"], "constant", co_agg["size"]) if len(rs) \
-            else (math.nan, math.nan)
+        co_i, co_s = (
+            linear_fit(co_agg.index, co_agg["median"], "constant", co_agg["size"]) if len(rs) else (math.nan, math.nan)
+        )
         arr = ar[ar["committed"] > 0] if len(ar) else ar
         if len(arr) and "batch_size" in arr.columns:
             full = arr[arr["n_active"] >= arr["batch_size"]]
@@ -159,22 +164,43 @@ class TimingProfile:
         source = "ct"
         if pts.empty:
             source = "rounds"
-            pts = pd.concat([
-                pd.DataFrame({"k": rs["gamma"].to_numpy(int) + 1, "t": rs["t_verify"].to_numpy(float),
-                              "context_len": rs["context_len"].to_numpy(float)}),
-                pd.DataFrame({"k": np.ones(len(ra), int), "t": ra["t_verify"].to_numpy(float),
-                              "context_len": ra["context_len"].to_numpy(float)}),
-            ], ignore_index=True)
+            pts = pd.concat(
+                [
+                    pd.DataFrame(
+                        {
+                            "k": rs["gamma"].to_numpy(int) + 1,
+                            "t": rs["t_verify"].to_numpy(float),
+                            "context_len": rs["context_len"].to_numpy(float),
+                        }
+                    ),
+                    pd.DataFrame(
+                        {
+                            "k": np.ones(len(ra), int),
+                            "t": ra["t_verify"].to_numpy(float),
+                            "context_len": ra["context_len"].to_numpy(float),
+                        }
+                    ),
+                ],
+                ignore_index=True,
+            )
         ks, ts = fit_monotone_curve(pts["k"], pts["t"])
 
         ctx = None
         if context:
             ctx = _fit_context_terms(rs, ra, pts, (cd_i, cd_s), ct1)
         return cls(
-            cd_intercept=cd_i, cd_per_token=cd_s, ct_k=ks, ct_t=ts,
+            cd_intercept=cd_i,
+            cd_per_token=cd_s,
+            ct_k=ks,
+            ct_t=ts,
             co_by_gamma={int(g): float(v) for g, v in co_med.items()},
-            co_intercept=co_i, co_per_token=co_s, ct1=ct1, ct_source=source,
-            keys=keys, n_rounds=int(len(rs) + len(ra)), context=ctx,
+            co_intercept=co_i,
+            co_per_token=co_s,
+            ct1=ct1,
+            ct_source=source,
+            keys=keys,
+            n_rounds=int(len(rs) + len(ra)),
+            context=ctx,
         )
 
     # -- serialisation
@@ -197,15 +223,6 @@ class TimingProfile:
             d["context"] = ContextTerms(**c)
         return cls(**d)
 
-    def to_json(self, path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
-        return path
-
-    @classmethod
-    def from_json(cls, path) -> TimingProfile:
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
 
 def _ct_points(ct: pd.DataFrame | None, keys: dict) -> pd.DataFrame:
     """Rows of the C_t micro-benchmark table that match a timing setting: k, t, context_len."""
@@ -213,11 +230,13 @@ def _ct_points(ct: pd.DataFrame | None, keys: dict) -> pd.DataFrame:
         return pd.DataFrame(columns=["k", "t", "context_len"])
     m = match_rows(ct, {k: v for k, v in keys.items() if k in CT_KEYS})
     sub = ct[m]
-    return pd.DataFrame({
-        "k": sub["k"].to_numpy(int),
-        "t": sub["t_forward"].to_numpy(float),
-        "context_len": sub["context_len"].to_numpy(float) if "context_len" in sub.columns else np.nan,
-    })
+    return pd.DataFrame(
+        {
+            "k": sub["k"].to_numpy(int),
+            "t": sub["t_forward"].to_numpy(float),
+            "context_len": sub["context_len"].to_numpy(float) if "context_len" in sub.columns else np.nan,
+        }
+    )
 
 
 def _fit_context_terms(rs, ra, pts, cd_simple, ct1) -> ContextTerms:
@@ -225,10 +244,13 @@ def _fit_context_terms(rs, ra, pts, cd_simple, ct1) -> ContextTerms:
     # chosen C_t points if their context varies within k, else from the rounds.
     beta = within_slope(pts["k"], pts["context_len"], pts["t"]) if pts["context_len"].notna().all() else 0.0
     if beta == 0.0:
-        rp = pd.concat([
-            pd.DataFrame({"k": rs["gamma"].to_numpy(int) + 1, "L": rs["context_len"], "t": rs["t_verify"]}),
-            pd.DataFrame({"k": np.ones(len(ra), int), "L": ra["context_len"], "t": ra["t_verify"]}),
-        ], ignore_index=True)
+        rp = pd.concat(
+            [
+                pd.DataFrame({"k": rs["gamma"].to_numpy(int) + 1, "L": rs["context_len"], "t": rs["t_verify"]}),
+                pd.DataFrame({"k": np.ones(len(ra), int), "L": ra["context_len"], "t": ra["t_verify"]}),
+            ],
+            ignore_index=True,
+        )
         beta = within_slope(rp["k"], rp["L"], rp["t"])
     L = pts["context_len"].fillna(0.0).to_numpy(float)
     ks, ts = fit_monotone_curve(pts["k"], pts["t"].to_numpy(float) - beta * L)
@@ -246,8 +268,16 @@ def _fit_context_terms(rs, ra, pts, cd_simple, ct1) -> ContextTerms:
         i1, s1 = robust_lstsq(np.column_stack([np.ones_like(L1), L1]), t1)
     else:
         i1, s1 = ct1, 0.0
-    return ContextTerms(ct_slope=float(beta), ct_k=ks, ct_t=ts, cd_intercept=a, cd_per_token=b,
-                        cd_per_token_ctx=c, ct1_intercept=float(i1), ct1_slope=float(s1))
+    return ContextTerms(
+        ct_slope=float(beta),
+        ct_k=ks,
+        ct_t=ts,
+        cd_intercept=a,
+        cd_per_token=b,
+        cd_per_token_ctx=c,
+        ct1_intercept=float(i1),
+        ct1_slope=float(s1),
+    )
 
 
 def fit_timing_profiles(rounds: pd.DataFrame, ct: pd.DataFrame | None = None, by=None, *, context: bool = True) -> dict:
@@ -268,8 +298,18 @@ def timing_table(rounds: pd.DataFrame, ct: pd.DataFrame | None = None, by=None) 
     keys = group_keys(spec_rows(rounds), by, TIMING_KEYS)
     rows = []
     for kt, prof in fit_timing_profiles(rounds, ct, by=keys).items():
-        rows.append({**dict(zip(keys, kt)), "cd_intercept": prof.cd_intercept, "cd_per_token": prof.cd_per_token,
-                     "co_intercept": prof.co_intercept, "co_per_token": prof.co_per_token, "ct1": prof.ct1,
-                     "ct_1": prof.c_t(1), "ct_max_k": max(prof.ct_k) if prof.ct_k else math.nan,
-                     "ct_source": prof.ct_source, "n_rounds": prof.n_rounds})
+        rows.append(
+            {
+                **dict(zip(keys, kt)),
+                "cd_intercept": prof.cd_intercept,
+                "cd_per_token": prof.cd_per_token,
+                "co_intercept": prof.co_intercept,
+                "co_per_token": prof.co_per_token,
+                "ct1": prof.ct1,
+                "ct_1": prof.c_t(1),
+                "ct_max_k": max(prof.ct_k) if prof.ct_k else math.nan,
+                "ct_source": prof.ct_source,
+                "n_rounds": prof.n_rounds,
+            }
+        )
     return pd.DataFrame(rows)

@@ -84,13 +84,31 @@ def speedup_vs_model(
             budget = decode_budget(requests, {**kd, "gamma": g})
             p = predict_speedup(acc, tim, [g], decode_tokens=budget).iloc[0]
             ps = predict_speedup(acc, tim, [g], model="single", decode_tokens=budget).iloc[0]
-            out.append({**kd, "gamma": g, **{c: r[c] for c in _MEASURED}, "decode_tokens": budget,
-                        "predicted_speedup": p["predicted_speedup"], "predicted_single": ps["predicted_speedup"],
-                        "ideal_speedup": p["ideal_speedup"],
-                        "rel_error": p["predicted_speedup"] / r["latency_speedup"] - 1,
-                        "model_gamma": gopt, "model_speedup": sopt})
-    cols = keys + ["gamma", *_MEASURED, "decode_tokens", "predicted_speedup", "predicted_single", "ideal_speedup",
-                   "rel_error", "model_gamma", "model_speedup"]
+            out.append(
+                {
+                    **kd,
+                    "gamma": g,
+                    **{c: r[c] for c in _MEASURED},
+                    "decode_tokens": budget,
+                    "predicted_speedup": p["predicted_speedup"],
+                    "predicted_single": ps["predicted_speedup"],
+                    "ideal_speedup": p["ideal_speedup"],
+                    "rel_error": p["predicted_speedup"] / r["latency_speedup"] - 1,
+                    "model_gamma": gopt,
+                    "model_speedup": sopt,
+                }
+            )
+    cols = keys + [
+        "gamma",
+        *_MEASURED,
+        "decode_tokens",
+        "predicted_speedup",
+        "predicted_single",
+        "ideal_speedup",
+        "rel_error",
+        "model_gamma",
+        "model_speedup",
+    ]
     return pd.DataFrame(out, columns=cols)
 
 
@@ -140,9 +158,17 @@ def leave_one_out(
             budget = decode_budget(requests, {**kd, "gamma": g})
             p = predict_speedup(acc, tim, [g], model=model, context_len=L, decode_tokens=budget).iloc[0]
             r = m.iloc[0]
-            out.append({**kd, "gamma": g, **{c: r[c] for c in _MEASURED}, "predicted_speedup": p["predicted_speedup"],
-                        "rel_error": p["predicted_speedup"] / r["latency_speedup"] - 1, "context_len": L,
-                        "model": "context" if context else "simple"})
+            out.append(
+                {
+                    **kd,
+                    "gamma": g,
+                    **{c: r[c] for c in _MEASURED},
+                    "predicted_speedup": p["predicted_speedup"],
+                    "rel_error": p["predicted_speedup"] / r["latency_speedup"] - 1,
+                    "context_len": L,
+                    "model": "context" if context else "simple",
+                }
+            )
     cols = keys + ["gamma", *_MEASURED, "predicted_speedup", "rel_error", "context_len", "model"]
     return pd.DataFrame(out, columns=cols)
 
@@ -153,13 +179,15 @@ def loo_summary(loo: pd.DataFrame) -> pd.DataFrame:
     out = []
     for kd, sub in iter_groups(loo, keys):
         e = sub["rel_error"].abs()
-        out.append({**kd, "median_abs_rel_error": float(e.median()), "max_abs_rel_error": float(e.max()),
-                    "n_gammas": len(sub)})
+        out.append(
+            {**kd, "median_abs_rel_error": float(e.median()), "max_abs_rel_error": float(e.max()), "n_gammas": len(sub)}
+        )
     return pd.DataFrame(out, columns=keys + ["median_abs_rel_error", "max_abs_rel_error", "n_gammas"])
 
 
-def compare_context_model(rounds, requests, ct=None, by=None, *, simple: pd.DataFrame | None = None,
-                          **kw) -> pd.DataFrame:
+def compare_context_model(
+    rounds, requests, ct=None, by=None, *, simple: pd.DataFrame | None = None, **kw
+) -> pd.DataFrame:
     """LOO error of the simple vs the context-length model, per setting.
 
     `simple`: an already computed `leave_one_out(..., context=False)` frame (saves its
@@ -171,10 +199,12 @@ def compare_context_model(rounds, requests, ct=None, by=None, *, simple: pd.Data
     s = loo_summary(simple)
     c = loo_summary(leave_one_out(rounds, requests, ct, by, context=True, **kw))
     keys = [k for k in s.columns if k in SETTING_KEYS]
-    s = s.drop(columns=["model", "n_gammas"]).rename(columns={"median_abs_rel_error": "simple_median",
-                                                               "max_abs_rel_error": "simple_max"})
-    c = c.drop(columns=["model"]).rename(columns={"median_abs_rel_error": "context_median",
-                                                  "max_abs_rel_error": "context_max"})
+    s = s.drop(columns=["model", "n_gammas"]).rename(
+        columns={"median_abs_rel_error": "simple_median", "max_abs_rel_error": "simple_max"}
+    )
+    c = c.drop(columns=["model"]).rename(
+        columns={"median_abs_rel_error": "context_median", "max_abs_rel_error": "context_max"}
+    )
     m = s.merge(c, on=keys, how="outer") if keys else pd.concat([s, c], axis=1)
     m["context_reduces_error"] = m["context_median"] < m["simple_median"]
     return m

@@ -55,8 +55,18 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16",
-             "amx_int8")  # the flags that decide which bf16/int8 kernels a CPU runs
+ISA_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_bf16",
+    "amx_int8",
+)  # the flags that decide which bf16/int8 kernels a CPU runs
 
 
 def cpu_isa() -> dict[str, Any]:
@@ -80,8 +90,11 @@ def cpu_isa() -> dict[str, Any]:
         capability = str(torch.backends.cpu.get_cpu_capability())
     except Exception:  # torch missing or too old: the flags still tell
         capability = None
-    return {"flags": [f for f in ISA_FLAGS if f in flags], "torch_capability": capability,
-            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY")}
+    return {
+        "flags": [f for f in ISA_FLAGS if f in flags],
+        "torch_capability": capability,
+        "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+    }
 
 
 def isa_label(isa: dict[str, Any] | None = None) -> str:

@@ -126,6 +126,12 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
     meta = telemetry.write(job_dir)
     runstore.mark_done(
         job_dir,
-        {**keys, "prompts": len(prompts), "batches": len(batches), "repeats": cfg.repeats, "telemetry": meta,
-         "memory": peak.record},
+        {
+            **keys,
+            "prompts": len(prompts),
+            "batches": len(batches),
+            "repeats": cfg.repeats,
+            "telemetry": meta,
+            "memory": peak.record,
+        },
     )

@@ -45,6 +45,12 @@ def bench_target_forward(
             marks.append((repeat, k, start, end))
     seconds = timer.resolve()
     return [
-        {"batch_size": batch_size, "k": k, "context_len": context_len, "repeat": r, "t_forward": seconds[e] - seconds[s]}
+        {
+            "batch_size": batch_size,
+            "k": k,
+            "context_len": context_len,
+            "repeat": r,
+            "t_forward": seconds[e] - seconds[s],
+        }
         for r, k, s, e in marks
     ]

@@ -54,14 +54,15 @@ def batch_seed(seed: int, repeat: int, batch: int) -> int:
 
 
 def decoders(cfg: Config, baseline: bool | None = None) -> list[str]:
-    """Decoders a job runs, baseline first: [autoregressive, cfg.decoder] (or just cfg.decoder).
+    """Decoders a job runs, baseline first: [autoregressive, cfg.decoder, *cfg.extra_decoders]
+    (without the baseline when it is off).
 
     γ = 0 is "speculation off": the plain decoder alone (its speedup over itself is 1 by definition).
     """
     if cfg.gamma == 0:
         return [AUTOREGRESSIVE]
     with_ar = cfg.baseline if baseline is None else baseline
-    return [AUTOREGRESSIVE, cfg.decoder] if with_ar else [cfg.decoder]
+    return [AUTOREGRESSIVE, *cfg.all_decoders] if with_ar else cfg.all_decoders
 
 
 def decoder_order(names: list[str], repeat: int, batch: int) -> list[str]:
@@ -80,6 +81,7 @@ def job_keys(cfg: Config, pair: Pair) -> dict:
         "draft_kind": cfg.draft.kind,
         "shape_only": pair.shape_only or bool(kind.uses_pair_draft and cfg.pair.draft.shape),
         "workload": cfg.workload.name,
+        "context_tokens": cfg.workload.context_tokens,  # None unless prompts were padded to a length
         "sampling": cfg.sampling.name,
         "temperature": float(cfg.sampling.temperature),
         "top_k": cfg.sampling.top_k,

@@ -316,9 +316,7 @@ def job_id(params: Mapping[str, Any], max_len: int = 100) -> str:
         safe = "_" + safe[1:]
     if safe == raw and len(safe) <= max_len:
         return safe
-    digest = hashlib.sha1(
-        json.dumps(flat, sort_keys=True, default=_json_default).encode()
-    ).hexdigest()[:8]
+    digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=_json_default).encode()).hexdigest()[:8]
     return f"{safe[: max(max_len - 9, 1)]}-{digest}"
 
 

@@ -187,9 +187,7 @@ class GpuTelemetry:
         util = self._query(nv.nvmlDeviceGetUtilizationRates)
         mem = self._query(nv.nvmlDeviceGetMemoryInfo)
         clock = self._query(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)
-        energy = (
-            self._query(nv.nvmlDeviceGetTotalEnergyConsumption) if self._energy0_mj is not None else None
-        )
+        energy = self._query(nv.nvmlDeviceGetTotalEnergyConsumption) if self._energy0_mj is not None else None
         self._rows.append(
             (
                 t,
@@ -255,9 +253,7 @@ class GpuTelemetry:
         }
         if new_tokens is not None:
             out["new_tokens"] = int(new_tokens)
-            out["energy_per_token_j"] = (
-                energy_j / new_tokens if energy_j is not None and new_tokens > 0 else None
-            )
+            out["energy_per_token_j"] = energy_j / new_tokens if energy_j is not None and new_tokens > 0 else None
         if self.sampling_error:
             out["sampling_error"] = self.sampling_error
         return out
@@ -331,24 +327,32 @@ class JobTelemetry:
         def block(cs: list[dict]) -> dict:
             energy, tokens = total(cs, "energy_j"), int(sum(c["new_tokens"] for c in cs))
             return {
-                "calls": len(cs), "new_tokens": tokens, "duration_s": total(cs, "duration_s"), "energy_j": energy,
+                "calls": len(cs),
+                "new_tokens": tokens,
+                "duration_s": total(cs, "duration_s"),
+                "energy_j": energy,
                 "energy_per_token_j": energy / tokens if energy is not None and tokens else None,
                 "power_mean_w": weighted(cs, "power_mean_w"),
                 "power_max_w": max((c["power_max_w"] for c in cs if c.get("power_max_w") is not None), default=None),
                 "sm_util_mean_pct": weighted(cs, "sm_util_mean_pct"),
                 "mem_util_mean_pct": weighted(cs, "mem_util_mean_pct"),
                 "sm_clock_mean_mhz": weighted(cs, "sm_clock_mean_mhz"),
-                "mem_used_max_bytes": max((c["mem_used_max_bytes"] for c in cs
-                                           if c.get("mem_used_max_bytes") is not None), default=None),
-            }  # fmt: skip
+                "mem_used_max_bytes": max(
+                    (c["mem_used_max_bytes"] for c in cs if c.get("mem_used_max_bytes") is not None), default=None
+                ),
+            }
 
         decoders = sorted({c["decoder"] for c in ok})
         return {
-            "available": True, "device_name": ok[0].get("device_name"), "device_index": ok[0].get("device_index"),
-            "interval_s": self.interval_s, "energy_source": sorted({str(c.get("energy_source")) for c in ok}),
-            "unavailable_calls": len(self.calls) - len(ok), **block(ok),
+            "available": True,
+            "device_name": ok[0].get("device_name"),
+            "device_index": ok[0].get("device_index"),
+            "interval_s": self.interval_s,
+            "energy_source": sorted({str(c.get("energy_source")) for c in ok}),
+            "unavailable_calls": len(self.calls) - len(ok),
+            **block(ok),
             "decoders": {d: block([c for c in ok if c["decoder"] == d]) for d in decoders},
-        }  # fmt: skip
+        }
 
     def write(self, job_dir: Path) -> dict:
         """telemetry.json + telemetry.parquet; returns the compact entry for done.json."""
@@ -359,10 +363,16 @@ class JobTelemetry:
 
         runstore.write_json(job_dir, "telemetry", {**summary, "calls": self.calls})
         labels = ["decoder", "repeat", "batch", "call"]
-        samples = pd.concat(self.samples, ignore_index=True) if self.samples else pd.DataFrame(columns=SAMPLE_COLUMNS + labels)
+        samples = (
+            pd.concat(self.samples, ignore_index=True)
+            if self.samples
+            else pd.DataFrame(columns=SAMPLE_COLUMNS + labels)
+        )
         runstore.write_table(job_dir, "telemetry", samples)
         if not summary["available"]:
             return summary
         keep = ("available", "device_name", "energy_j", "new_tokens", "energy_per_token_j", "power_mean_w")
-        return {**{k: summary[k] for k in keep},
-                "energy_per_token_j_by_decoder": {d: b["energy_per_token_j"] for d, b in summary["decoders"].items()}}
+        return {
+            **{k: summary[k] for k in keep},
+            "energy_per_token_j_by_decoder": {d: b["energy_per_token_j"] for d, b in summary["decoders"].items()},
+        }

@@ -38,16 +38,12 @@ class Prompt:
 def render_prompt(prompt: Prompt, tokenizer: Any) -> str:
     """Prompt text as the target sees it: its chat template plus the assistant generation prompt."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            prompt.messages, tokenize=False, add_generation_prompt=True
-        )
+        return tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
     # Base models have no template: the plain contents are the most faithful prompt.
     return "\n\n".join(m["content"] for m in prompt.messages)
 
 
-def load_builtin(
-    categories: Iterable[str] | None = None, limit_per_category: int | None = None
-) -> list[Prompt]:
+def load_builtin(categories: Iterable[str] | None = None, limit_per_category: int | None = None) -> list[Prompt]:
     """The prompt set shipped with specbench (chat, code, math, summarization, translation, qa, rag)."""
     ref = resources.files("specbench") / "data" / BUILTIN_FILE
     with resources.as_file(ref) as path:
@@ -114,9 +110,7 @@ def load_workload(
         raise ValueError(f"workload kind={kind!r} is not one of {list(WORKLOAD_KINDS)}")
     if kind == "builtin":
         if path is not None:
-            raise ValueError(
-                f"workload path={str(path)!r} is not used by kind='builtin'; leave it unset"
-            )
+            raise ValueError(f"workload path={str(path)!r} is not used by kind='builtin'; leave it unset")
         prompts = load_builtin(categories, limit_per_category)
     else:
         if path is None:
@@ -143,13 +137,10 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise WorkloadError(
-                    f"{path}:{lineno}: invalid JSON ({e.msg}, column {e.colno}); "
-                    "expected one JSON object per line"
+                    f"{path}:{lineno}: invalid JSON ({e.msg}, column {e.colno}); expected one JSON object per line"
                 ) from None
             if not isinstance(obj, dict):
-                raise WorkloadError(
-                    f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}"
-                )
+                raise WorkloadError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj
 
 
@@ -165,14 +156,10 @@ def _load_turns_file(path: Path, id_field: str, source: str) -> list[Prompt]:
         category = _text(obj, "category", where)
         turns = obj.get("turns")
         if not isinstance(turns, list) or not turns:
-            raise WorkloadError(
-                f"{where}: field 'turns' must be a non-empty list of strings, got {turns!r:.80}"
-            )
+            raise WorkloadError(f"{where}: field 'turns' must be a non-empty list of strings, got {turns!r:.80}")
         first = turns[0]
         if not isinstance(first, str) or not first.strip():
-            raise WorkloadError(
-                f"{where}: field 'turns' must start with a non-empty string, got {first!r:.80}"
-            )
+            raise WorkloadError(f"{where}: field 'turns' must start with a non-empty string, got {first!r:.80}")
         _check_unique(prompt_id, id_field, lineno, seen, where)
         prompts.append(Prompt(prompt_id, category, [{"role": "user", "content": first}], source))
     return prompts
@@ -191,9 +178,7 @@ def _text(obj: dict[str, Any], field: str, where: str) -> str:
 def _id(value: Any, field: str, where: str) -> str:
     """An id given as a non-empty string or an integer (Spec-Bench uses integers)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)) or str(value).strip() == "":
-        raise WorkloadError(
-            f"{where}: field {field!r} must be a non-empty string or an integer, got {value!r:.80}"
-        )
+        raise WorkloadError(f"{where}: field {field!r} must be a non-empty string or an integer, got {value!r:.80}")
     return str(value)
 
 
@@ -208,8 +193,7 @@ def _messages(value: Any, where: str) -> list[dict[str, str]]:
         for key in ("role", "content"):
             if not isinstance(m.get(key), str) or not m[key].strip():
                 raise WorkloadError(
-                    f"{where}: field 'messages'[{i}].{key} must be a non-empty string, "
-                    f"got {m.get(key)!r:.80}"
+                    f"{where}: field 'messages'[{i}].{key} must be a non-empty string, got {m.get(key)!r:.80}"
                 )
         messages.append({"role": m["role"], "content": m["content"]})
     if messages[-1]["role"] == "assistant":
@@ -223,9 +207,7 @@ def _messages(value: Any, where: str) -> list[dict[str, str]]:
 def _check_unique(prompt_id: str, field: str, lineno: int, seen: dict[str, int], where: str) -> None:
     """Ids key the per-request records, so a repeat is an error, not a silent overwrite."""
     if prompt_id in seen:
-        raise WorkloadError(
-            f"{where}: duplicate {field} {prompt_id!r} (first seen on line {seen[prompt_id]})"
-        )
+        raise WorkloadError(f"{where}: duplicate {field} {prompt_id!r} (first seen on line {seen[prompt_id]})")
     seen[prompt_id] = lineno
 
 
@@ -241,22 +223,14 @@ def _select(
     if categories is not None:
         wanted = {categories} if isinstance(categories, str) else set(categories)
         if not wanted:
-            raise WorkloadError(
-                f"categories is empty for {where}; pass None for all, or some of {present}"
-            )
+            raise WorkloadError(f"categories is empty for {where}; pass None for all, or some of {present}")
         unknown = sorted(wanted - set(present))
         if unknown:
-            raise WorkloadError(
-                f"categories {unknown} not found in {where}; categories present: {present}"
-            )
+            raise WorkloadError(f"categories {unknown} not found in {where}; categories present: {present}")
     if limit_per_category is not None and (
-        isinstance(limit_per_category, bool)
-        or not isinstance(limit_per_category, int)
-        or limit_per_category < 1
+        isinstance(limit_per_category, bool) or not isinstance(limit_per_category, int) or limit_per_category < 1
     ):
-        raise WorkloadError(
-            f"limit_per_category must be a positive integer or None, got {limit_per_category!r}"
-        )
+        raise WorkloadError(f"limit_per_category must be a positive integer or None, got {limit_per_category!r}")
     counts: dict[str, int] = {}
     selected = []
     for p in prompts:
@@ -281,8 +255,10 @@ def context_documents(kind: str, path: str | Path | None = None) -> list[Prompt]
     prompts = load_workload(kind, path)
     docs = [p for p in prompts if p.category in CONTEXT_CATEGORIES]
     if not docs:
-        raise WorkloadError(f"workload.context_tokens needs long passages: {kind} workload {path or ''} has no "
-                            f"prompts in categories {list(CONTEXT_CATEGORIES)}")
+        raise WorkloadError(
+            f"workload.context_tokens needs long passages: {kind} workload {path or ''} has no "
+            f"prompts in categories {list(CONTEXT_CATEGORIES)}"
+        )
     return docs
 
 
@@ -294,24 +270,32 @@ def pad_to_tokens(prompt: Prompt, tokenizer: Any, tokens: int, documents: list[P
     instruction or question still comes last. A prompt
     already at least `tokens` long is returned whole: the real length is recorded in `prompt_tokens`.
     """
+
     def encode(p: Prompt) -> list[int]:
         return tokenizer(render_prompt(p, tokenizer), add_special_tokens=False)["input_ids"]
 
     ids = encode(prompt)
     if len(ids) >= tokens:
         return ids
-    filler = tokenizer("\n\n".join(d.messages[0]["content"] for d in documents if d.prompt_id != prompt.prompt_id),
-                       add_special_tokens=False)["input_ids"]
+    filler = tokenizer(
+        "\n\n".join(d.messages[0]["content"] for d in documents if d.prompt_id != prompt.prompt_id),
+        add_special_tokens=False,
+    )["input_ids"]
     last = prompt.messages[-1]
 
     def padded(n: int) -> list[int]:
         content = f"Reference material:\n\n{tokenizer.decode(filler[:n])}\n\n---\n\n{last['content']}"
-        return encode(Prompt(prompt.prompt_id, prompt.category, prompt.messages[:-1] + [{**last, "content": content}],
-                             prompt.source))
+        return encode(
+            Prompt(
+                prompt.prompt_id, prompt.category, prompt.messages[:-1] + [{**last, "content": content}], prompt.source
+            )
+        )
 
     if len(padded(len(filler))) < tokens:
-        raise WorkloadError(f"workload.context_tokens={tokens}: the {len(documents)} context documents hold only "
-                            f"{len(filler)} tokens; use fewer tokens or a workload with longer passages (spec_bench)")
+        raise WorkloadError(
+            f"workload.context_tokens={tokens}: the {len(documents)} context documents hold only "
+            f"{len(filler)} tokens; use fewer tokens or a workload with longer passages (spec_bench)"
+        )
     lo, hi = 0, len(filler)  # largest n with len(padded(n)) <= tokens (length grows with n, up to merges)
     while lo < hi:
         mid = (lo + hi + 1) // 2

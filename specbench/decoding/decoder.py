@@ -51,8 +51,9 @@ class _Batch:
     ) -> TokenContext | None:
         """The active rows' context for the logits processors (None when no processor reads it)."""
         rows = self.active
-        return context_class.build(sampling, [self.seqs[r] for r in rows], [self.prompt_lens[r] for r in rows],
-                                   self.vocab_size, device)  # fmt: skip
+        return context_class.build(
+            sampling, [self.seqs[r] for r in rows], [self.prompt_lens[r] for r in rows], self.vocab_size, device
+        )
 
     def commit(self, row: int, new: list[int]) -> int:
         """Append up to EOS / max_new_tokens; returns how many tokens were appended."""
@@ -89,7 +90,13 @@ class _Batch:
 
 
 def _start(
-    target: CachedLM, prompts: list[list[int]], max_new_tokens: int, eos: set[int], sampling, generator, timer,
+    target: CachedLM,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos: set[int],
+    sampling,
+    generator,
+    timer,
     draft: Draft | None = None,
 ) -> tuple[_Batch, int, int]:
     """Prefill the target and commit the first token from its distribution (TTFT ends here,
@@ -142,11 +149,21 @@ def _round_records(pending: list[tuple], seconds: list[float], gamma: int) -> li
             extra = AUTOREGRESSIVE_STEP if gamma == 0 else BONUS if accepted[i] == gamma else RECOVERED
             rounds.append(
                 RoundRecord(
-                    round=n, row=row, gamma=gamma, accepted=accepted[i], extra=extra, committed=committed[i],
-                    n_active=len(rows), context_len=context[i], t_draft=t_draft, t_verify=t_verify,
-                    t_overhead=t_round - t_draft - t_verify, t_round=t_round, host_syncs=syncs,
+                    round=n,
+                    row=row,
+                    gamma=gamma,
+                    accepted=accepted[i],
+                    extra=extra,
+                    committed=committed[i],
+                    n_active=len(rows),
+                    context_len=context[i],
+                    t_draft=t_draft,
+                    t_verify=t_verify,
+                    t_overhead=t_round - t_draft - t_verify,
+                    t_round=t_round,
+                    host_syncs=syncs,
                 )
-            )  # fmt: skip
+            )
     return rounds
 
 
@@ -240,7 +257,9 @@ def autoregressive_decode(
         m2 = timer.mark()
         batch.stamp(m2)
         # No draft phase: its end mark is the round's start, so t_draft is exactly 0.
-        pending.append((n_round, rows, [0] * len(rows), [1] * len(rows), context, (m0, m0, m1, m2), host_syncs() - syncs0))
+        pending.append(
+            (n_round, rows, [0] * len(rows), [1] * len(rows), context, (m0, m0, m1, m2), host_syncs() - syncs0)
+        )
         n_round += 1
     seconds = timer.resolve()
     rounds = _round_records(pending, seconds, gamma=0)

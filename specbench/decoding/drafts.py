@@ -24,7 +24,11 @@ class Draft(Protocol):
         """Start a batch with these rows' committed tokens so far (prompt + the first new token)."""
 
     def propose(
-        self, seqs: list[list[int]], gamma: int, sampling: SamplingConfig, generator: torch.Generator | None,
+        self,
+        seqs: list[list[int]],
+        gamma: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
         context: TokenContext | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32.

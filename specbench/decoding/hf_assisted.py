@@ -43,14 +43,39 @@ from specbench.decoding.timing import PhaseTimer
 # Every other logits transform generate() could pick up from a model's generation_config,
 # switched off explicitly (an explicit None overrides the model's value; omitting it does not).
 _NEUTRAL = dict(
-    min_length=0, min_new_tokens=None, repetition_penalty=None, encoder_repetition_penalty=None,
-    no_repeat_ngram_size=None, encoder_no_repeat_ngram_size=None, bad_words_ids=None, sequence_bias=None,
-    suppress_tokens=None, begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
-    exponential_decay_length_penalty=None, guidance_scale=None, min_p=None, typical_p=None, top_h=None,
-    epsilon_cutoff=None, eta_cutoff=None, watermarking_config=None, renormalize_logits=False,
-)  # fmt: skip
+    min_length=0,
+    min_new_tokens=None,
+    repetition_penalty=None,
+    encoder_repetition_penalty=None,
+    no_repeat_ngram_size=None,
+    encoder_no_repeat_ngram_size=None,
+    bad_words_ids=None,
+    sequence_bias=None,
+    suppress_tokens=None,
+    begin_suppress_tokens=None,
+    forced_bos_token_id=None,
+    forced_eos_token_id=None,
+    exponential_decay_length_penalty=None,
+    guidance_scale=None,
+    min_p=None,
+    typical_p=None,
+    top_h=None,
+    epsilon_cutoff=None,
+    eta_cutoff=None,
+    watermarking_config=None,
+    renormalize_logits=False,
+)
 # The generate kwargs that decide how tokens are chosen: mirrored onto the assistant's generation config.
-_SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", *_NEUTRAL)
+# Length limits are not: the candidate generator sets the assistant's own (copying ours made
+# transformers warn on every call that both min_new_tokens and min_length were set).
+_SAMPLING_KEYS = (
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    *(k for k in _NEUTRAL if not k.startswith("min_")),
+    "min_p",
+)
 
 
 class _FirstTokenMark(BaseStreamer):
@@ -99,13 +124,17 @@ def check_sampling(sampling: SamplingConfig, eos_token_ids: set[int]) -> None:
     """A ValueError for the settings transformers' generate cannot reproduce exactly."""
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(sampling, name) != 0.0:
-            raise ValueError(f"sampling.{name}={getattr(sampling, name)!r}: transformers' generate has no "
-                             f"frequency/presence penalty (OpenAI semantics), so decoder='hf_assisted' cannot "
-                             f"apply it; use 0.0, or repetition_penalty (transformers' semantics)")  # fmt: skip
+            raise ValueError(
+                f"sampling.{name}={getattr(sampling, name)!r}: transformers' generate has no "
+                f"frequency/presence penalty (OpenAI semantics), so decoder='hf_assisted' cannot "
+                f"apply it; use 0.0, or repetition_penalty (transformers' semantics)"
+            )
     banned_eos = sorted(set(sampling.banned_ids) & set(eos_token_ids))
     if banned_eos:
-        raise ValueError(f"sampling.banned_token_ids includes EOS {banned_eos}: transformers' bad_words_ids silently "
-                         "drops a one-token ban of an EOS id, so decoder='hf_assisted' would not ban it")  # fmt: skip
+        raise ValueError(
+            f"sampling.banned_token_ids includes EOS {banned_eos}: transformers' bad_words_ids silently "
+            "drops a one-token ban of an EOS id, so decoder='hf_assisted' would not ban it"
+        )
 
 
 def hf_assisted_decode(
@@ -129,8 +158,10 @@ def hf_assisted_decode(
             "supports batch size 1 only; run it with batch_size=1 (one prompt per call)"
         )
     if draft_model is None:
-        raise ValueError("hf_assisted decoder needs a draft model (draft.kind='model' or 'w8a16'); "
-                         "n-gram drafts are not supported by it")  # fmt: skip
+        raise ValueError(
+            "hf_assisted decoder needs a draft model (draft.kind='model' or 'w8a16'); "
+            "n-gram drafts are not supported by it"
+        )
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"gamma={gamma!r}: must be an integer >= 1")
     if max_new_tokens < 1:

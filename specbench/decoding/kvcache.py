@@ -52,8 +52,10 @@ def attention_windows(config) -> dict[str, int | None]:
     if types is None:
         chunk = getattr(text, "attention_chunk_size", None)
         if chunk is not None:
-            raise ValueError(f"model config attention_chunk_size={chunk!r}: specbench's KV cache supports only "
-                             "full and sliding-window attention")  # fmt: skip
+            raise ValueError(
+                f"model config attention_chunk_size={chunk!r}: specbench's KV cache supports only "
+                "full and sliding-window attention"
+            )
         types = [SLIDING_ATTENTION if window is not None else FULL_ATTENTION]
     windows: dict[str, int | None] = {}
     for i, layer_type in enumerate(types):
@@ -205,7 +207,9 @@ class CachedLM:
             return
         for row, c in enumerate(counts):
             if not 0 <= c <= self.n_valid_host[row]:
-                raise ValueError(f"uncache_last: row {row} has {self.n_valid_host[row]} cached tokens, asked to drop {c}")
+                raise ValueError(
+                    f"uncache_last: row {row} has {self.n_valid_host[row]} cached tokens, asked to drop {c}"
+                )
         counts_t = to_device(counts, self.device)
         rank_from_end = self.mask.flip(1).long().cumsum(1).flip(1)  # 1 = last valid column
         self.mask = self.mask & ~(self.mask & (rank_from_end <= counts_t[:, None]))
@@ -223,7 +227,9 @@ class CachedLM:
             self.n_valid_host[row] -= counts[row]
         self._trim()
 
-    def keep_last_fed(self, fed: int, keep: torch.Tensor | Sequence[int], keep_host: Sequence[int] | None = None) -> None:
+    def keep_last_fed(
+        self, fed: int, keep: torch.Tensor | Sequence[int], keep_host: Sequence[int] | None = None
+    ) -> None:
         """Of the last `fed` columns, keep the first `keep[b]` of each row; the rest become holes.
 
         `keep` may be a device tensor, a host list, or both (`keep_host`, what the
@@ -296,7 +302,10 @@ class CachedLM:
         """Raise AssertionError unless the host mirrors match the device mask (tests; syncs)."""
         mask = self.mask.cpu()
         assert self.n_valid.tolist() == self.n_valid_host == mask.sum(1).tolist(), (
-            self.n_valid.tolist(), self.n_valid_host, mask.sum(1).tolist())  # fmt: skip
+            self.n_valid.tolist(),
+            self.n_valid_host,
+            mask.sum(1).tolist(),
+        )
         for row, runs in enumerate(self.runs):
             cols = [c for start, end in runs for c in range(start, end)]
             assert cols == mask[row].nonzero().flatten().tolist(), (row, runs, mask[row])

@@ -14,13 +14,13 @@ from pathlib import Path
 from specbench.analysis.rows import add_gamma_setting
 from specbench.bench.runstore import load_sweep
 from specbench.deploy.engines import ENGINES
-from specbench.deploy.plan import SPEEDUP_METRICS, plan_schedules, write_deployment
+from specbench.deploy.plan import DEFAULT_METRIC, SPEEDUP_METRICS, plan_schedules, write_deployment
 
 
 def run(
     sweep_dir: str | Path,
     out: str | Path | None = None,
-    metric: str = "latency",
+    metric: str = DEFAULT_METRIC,
     target: str | None = None,
     draft: str | None = None,
     max_batch_size: int | None = None,
@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sweep_dir", help="runs/<sweep>: a sweep with the autoregressive baseline (baseline=true)")
     p.add_argument("--out", help="output directory (default: <sweep_dir>/deploy)")
     p.add_argument(
-        "--metric", default="latency", choices=SPEEDUP_METRICS.names(), help="speedup to schedule on (default: latency)"
+        "--metric",
+        default=DEFAULT_METRIC,
+        choices=SPEEDUP_METRICS.names(),
+        help=f"speedup to schedule on (default: {DEFAULT_METRIC})",
     )
     p.add_argument("--target-model", help="target id/path the engines should load (default: the sweep's label)")
     p.add_argument("--draft-model", help="draft id/path the engines should load (default: the sweep's label)")

@@ -23,24 +23,30 @@ from specbench.registry import Registry
 SPEEDUP_METRICS: Registry = Registry("metric")
 SPEEDUP_METRICS.register("latency", latency_speedup)
 SPEEDUP_METRICS.register("throughput", throughput_speedup)
+# Batch throughput is what a serving deployment trades against batch size (at B = 1 the two agree).
+DEFAULT_METRIC = "throughput"
 
 
-def speedup_table(requests: pd.DataFrame, metric: str = "latency") -> pd.DataFrame:
+def speedup_table(requests: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Paired speedup per (setting, batch size, γ) of request rows as `add_gamma_setting` returns them
     (`gamma` = each job's γ), with a median CI (`specbench.analysis.speedup`)."""
     measure = SPEEDUP_METRICS.get(metric, "metric")
     for col in ("gamma", "batch_size"):
         if col not in requests.columns:
-            raise ValueError(f"request rows need column {col!r} (see analysis.rows.add_gamma_setting); "
-                             f"got {sorted(requests.columns)}")
+            raise ValueError(
+                f"request rows need column {col!r} (see analysis.rows.add_gamma_setting); "
+                f"got {sorted(requests.columns)}"
+            )
     keys = [k for k in SCHEDULE_KEYS if k in requests.columns] + ["batch_size", "gamma"]
     table = measure(requests, keys)
     if table.empty:
-        raise ValueError("no speculative request has a paired autoregressive baseline (run the sweep with baseline=true)")
+        raise ValueError(
+            "no speculative request has a paired autoregressive baseline (run the sweep with baseline=true)"
+        )
     return table
 
 
-def plan_schedules(requests: pd.DataFrame, metric: str = "latency") -> list[Schedule]:
+def plan_schedules(requests: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Schedule]:
     """γ schedules per setting (see `specbench.deploy.schedule`) from the paired request rows."""
     return build_schedules(speedup_table(requests, metric), metric)
 
@@ -68,7 +74,8 @@ def write_deployment(
     paths = [out_dir / "schedule.md", out_dir / "schedule.csv", out_dir / "schedule.json"]
     paths[0].write_text("# γ schedule\n\n" + note + schedule_markdown(schedules), encoding="utf-8")
     pd.concat([s.to_frame() for s in schedules], ignore_index=True).to_csv(paths[1], index=False)
-    paths[2].write_text(json.dumps([s.to_dict() for s in schedules], indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    as_json = json.dumps([s.to_dict() for s in schedules], indent=2, allow_nan=False)
+    paths[2].write_text(as_json + "\n", encoding="utf-8")
     for s in schedules:
         ctx = DeployContext.from_setting(s.setting, target, draft, max_batch_size=max_batch_size)
         paths += write_engine_files(s, ctx, out_dir if len(schedules) == 1 else out_dir / _slug(s.setting))

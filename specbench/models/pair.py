@@ -11,8 +11,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.config import DraftConfig, ModelConfig, PairConfig
 from specbench.decoding.drafts import Draft
-from specbench.models.loading import check_same_tokenizer, check_same_vocab, eos_ids, load_model, resolve_dtype
 from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.loading import check_same_tokenizer, check_same_vocab, eos_ids, load_model, resolve_dtype
 
 
 @dataclass

@@ -43,7 +43,7 @@ class Int8Linear(nn.Module):
 def quantize_w8a16(model: nn.Module) -> nn.Module:
     """A deep copy of `model` with every nn.Linear (lm_head included) in W8A16."""
     quantized = copy.deepcopy(model)
-    for name, module in list(quantized.named_modules()):
+    for _name, module in list(quantized.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, Int8Linear(child))

@@ -83,8 +83,14 @@ def build_report(
     md_path.write_text(render_md(title, meta, sections), encoding="utf-8")
     html_path.write_text(render_html(title, meta, sections, out_dir), encoding="utf-8")
     figures = [out_dir / name for s in sections for name, _ in s.figures]
-    return {"markdown": md_path, "html": html_path, "figures": figures, "tables": tables, "deploy": deploy,
-            "notes": notes}
+    return {
+        "markdown": md_path,
+        "html": html_path,
+        "figures": figures,
+        "tables": tables,
+        "deploy": deploy,
+        "notes": notes,
+    }
 
 
 def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Path]:

@@ -68,19 +68,34 @@ def context_table(rounds: pd.DataFrame, requests: pd.DataFrame, ct=None, *, gamm
             a = fit_alpha(spec_rows(sub))
             m = meas[match_rows(meas, {**kd, CONTEXT: level})].dropna(subset=["latency_speedup"])
             best = m.loc[m["latency_speedup"].idxmax()] if len(m) else None
-            g_opt, s_opt = optimal_gamma(acc, tim, gamma_max, context_len=L,
-                                         decode_tokens=decode_budget(requests, {**kd, CONTEXT: level}))
-            out.append({
-                **kd, "context tokens": level, "mean round context L": L,
-                "α measured": a.alpha, "α 95% CI": f"[{a.lo:.3f}, {a.hi:.3f}]", "α model (pooled)": acc.alpha,
-                "C_d/token ms measured": _median_ms(sp["t_draft"] / sp["gamma"]),
-                "C_d/token ms model": (tim.c_d(gmax, L) - tim.c_d(0, L)) / gmax * 1e3,
-                "C_t(1) ms measured": _median_ms(ar["t_verify"]), "C_t(1) ms model": tim.c_t(1, L) * 1e3,
-                f"C_t({gmax + 1}) ms measured": _median_ms(sp.loc[sp["gamma"] == gmax, "t_verify"]),
-                f"C_t({gmax + 1}) ms model": tim.c_t(gmax + 1, L) * 1e3,
-                "best γ measured": int(best["gamma"]) if best is not None else math.nan,
-                "its decode speedup [95% CI]": "–" if best is None else format_ci(
-                    best["latency_speedup"], best["latency_speedup_lo"], best["latency_speedup_hi"], best["n_prompts"]),
-                "γ* model": g_opt, "model S(γ*)": s_opt,
-            })
+            g_opt, s_opt = optimal_gamma(
+                acc, tim, gamma_max, context_len=L, decode_tokens=decode_budget(requests, {**kd, CONTEXT: level})
+            )
+            out.append(
+                {
+                    **kd,
+                    "context tokens": level,
+                    "mean round context L": L,
+                    "α measured": a.alpha,
+                    "α 95% CI": f"[{a.lo:.3f}, {a.hi:.3f}]",
+                    "α model (pooled)": acc.alpha,
+                    "C_d/token ms measured": _median_ms(sp["t_draft"] / sp["gamma"]),
+                    "C_d/token ms model": (tim.c_d(gmax, L) - tim.c_d(0, L)) / gmax * 1e3,
+                    "C_t(1) ms measured": _median_ms(ar["t_verify"]),
+                    "C_t(1) ms model": tim.c_t(1, L) * 1e3,
+                    f"C_t({gmax + 1}) ms measured": _median_ms(sp.loc[sp["gamma"] == gmax, "t_verify"]),
+                    f"C_t({gmax + 1}) ms model": tim.c_t(gmax + 1, L) * 1e3,
+                    "best γ measured": int(best["gamma"]) if best is not None else math.nan,
+                    "its decode speedup [95% CI]": "–"
+                    if best is None
+                    else format_ci(
+                        best["latency_speedup"],
+                        best["latency_speedup_lo"],
+                        best["latency_speedup_hi"],
+                        best["n_prompts"],
+                    ),
+                    "γ* model": g_opt,
+                    "model S(γ*)": s_opt,
+                }
+            )
     return pd.DataFrame(out)

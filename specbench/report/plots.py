@@ -34,8 +34,10 @@ def varying(df: pd.DataFrame, keys) -> list[str]:
 
 def label(kd: dict, keys: list[str]) -> str:
     """Legend/title text of a group's keys."""
-    return ", ".join(f"{fmt_value(kd[k])}" if k != "batch_size" else f"batch {fmt_value(kd[k])}"
-                     for k in keys if k in kd) or "all"
+    return (
+        ", ".join(f"{fmt_value(kd[k])}" if k != "batch_size" else f"batch {fmt_value(kd[k])}" for k in keys if k in kd)
+        or "all"
+    )
 
 
 def _grid(n: int, w: float = 4.6, h: float = 3.4, ncols: int = 3):
@@ -119,8 +121,9 @@ def plot_speedup(svm: pd.DataFrame, curves: dict, max_panels: int = 9):
             ax.plot(curve["gamma"], curve["predicted_speedup"], "-", label="model")
             ax.plot(curve["gamma"], curve["ideal_speedup"], ":", label="ideal (C_o = 0)")
             best = curve.loc[curve["predicted_speedup"].idxmax()]
-            ax.plot([best["gamma"]], [best["predicted_speedup"]], "*", ms=12,
-                    label=f"model optimum γ={int(best['gamma'])}")
+            ax.plot(
+                [best["gamma"]], [best["predicted_speedup"]], "*", ms=12, label=f"model optimum γ={int(best['gamma'])}"
+            )
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xlabel("γ (tokens drafted per round)")
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -151,8 +154,9 @@ def plot_cost_breakdown(rounds: pd.DataFrame, max_panels: int = 9):
             bottom += med[col].to_numpy()
         a = ar[match_rows(ar, kd, ignore=AR_IGNORE)] if len(ar) else ar
         if len(a):
-            ax.axhline(float(full_batch(a)["t_round"].median()) * 1e3, color="k", ls="--", lw=1,
-                       label="AR step (C_t1 per row)")
+            ax.axhline(
+                float(full_batch(a)["t_round"].median()) * 1e3, color="k", ls="--", lw=1, label="AR step (C_t1 per row)"
+            )
         ax.set_xlabel("γ (tokens drafted per round)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("median time per round (ms)")
@@ -182,8 +186,13 @@ def plot_ct(pts: pd.DataFrame, source: str, max_panels: int = 6):
             if ks:
                 grid_in = np.arange(min(ks), max(ks) + 1)
                 grid_out = np.arange(max(ks), max(ks) + 5)
-                ax.plot(grid_in, np.asarray(eval_monotone_curve(ks, ts, grid_in)) * 1e3, "-", color=color,
-                        label=f"{lab}: monotone fit")
+                ax.plot(
+                    grid_in,
+                    np.asarray(eval_monotone_curve(ks, ts, grid_in)) * 1e3,
+                    "-",
+                    color=color,
+                    label=f"{lab}: monotone fit",
+                )
                 ax.plot(grid_out, np.asarray(eval_monotone_curve(ks, ts, grid_out)) * 1e3, "--", color=color)
         ax.set_xlabel("k (new tokens per target forward)")
         ax.set_ylabel("C_t(k) (ms per forward)")
@@ -221,8 +230,9 @@ def plot_tokens_per_second(latency: pd.DataFrame, throughput: pd.DataFrame):
     dkeys = varying(latency, ("draft", "decoder"))
     _best_per_batch(ax1, latency, "latency_speedup", wkeys, dkeys, "tokens/s per request (Σ new / Σ wall)")
     if len(throughput):
-        _best_per_batch(ax2, throughput, "throughput_speedup", wkeys, dkeys,
-                        "tokens/s per batch (Σ tokens / Σ batch wall)")
+        _best_per_batch(
+            ax2, throughput, "throughput_speedup", wkeys, dkeys, "tokens/s per batch (Σ tokens / Σ batch wall)"
+        )
     bvals = sorted(latency["batch_size"].unique())
     for ax in (ax1, ax2):
         ax.set_xlabel("batch size (requests)")
@@ -249,8 +259,7 @@ def plot_acceptance_histogram(hist: pd.DataFrame, max_panels: int = 9):
         for j, (gd, gsub) in enumerate(sets):
             gsub = gsub[gsub["count"] > 0] if gcol is None else gsub
             x = gsub["acceptance_length"].to_numpy(float) + (j - (len(sets) - 1) / 2) * width
-            ax.bar(x, gsub["fraction"].to_numpy(float), width=width,
-                   label=f"γ={fmt_value(gd[gcol])}" if gcol else None)
+            ax.bar(x, gsub["fraction"].to_numpy(float), width=width, label=f"γ={fmt_value(gd[gcol])}" if gcol else None)
         ax.set_xlabel("acceptance length (accepted + 1)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("fraction of rounds")
@@ -285,8 +294,9 @@ def plot_context(table: pd.DataFrame, max_lines: int = 6):
         axes[2].plot(x, sub["α model (pooled)"], "-", color=color)
         axes[3].plot(x, sub["best γ measured"], "o", color=color, label=f"{lab}: best measured")
         axes[3].plot(x, sub["γ* model"], "-", color=color)
-    for ax, ylab in zip(axes, ("C_t(k) (ms per forward)", "C_d per drafted token (ms)", "α (single, pooled model)",
-                               "γ")):
+    for ax, ylab in zip(
+        axes, ("C_t(k) (ms per forward)", "C_d per drafted token (ms)", "α (single, pooled model)", "γ")
+    ):
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(ylab)
         ax.grid(alpha=0.3)

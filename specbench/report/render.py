@@ -104,23 +104,31 @@ figcaption{color:#555;font-size:0.85em}
 def render_html(title: str, meta: dict, sections: list[Section], out_dir: Path) -> str:
     """The report as one self-contained HTML page: the PNGs in out_dir are embedded as data URIs."""
     e = html.escape
-    out = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>", f"<title>{e(title)}</title>",
-           f"<style>{_CSS}</style></head><body>", f"<h1>{e(title)}</h1>",
-           "<p class='meta'>" + " · ".join(f"<b>{e(k)}</b>: {e(str(v))}" for k, v in meta.items()) + "</p>"]
+    out = [
+        "<!DOCTYPE html>",
+        "<html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{e(title)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        "<p class='meta'>" + " · ".join(f"<b>{e(k)}</b>: {e(str(v))}" for k, v in meta.items()) + "</p>",
+    ]
     for s in sections:
         out.append(f"<h2>{e(s.title)}</h2>")
         out += [f"<p>{e(p)}</p>" for p in s.text]
         out += [f"<pre>{e(b)}</pre>" for b in s.pre]
         for name, cap in s.figures:
             data = base64.b64encode((out_dir / name).read_bytes()).decode("ascii")
-            out.append(f"<figure><img alt='{e(cap)}' src='data:image/png;base64,{data}'>"
-                       f"<figcaption>{e(cap)}</figcaption></figure>")
+            out.append(
+                f"<figure><img alt='{e(cap)}' src='data:image/png;base64,{data}'>"
+                f"<figcaption>{e(cap)}</figcaption></figure>"
+            )
         for cap, df in s.tables:
             if cap:
                 out.append(f"<h3>{e(cap)}</h3>")
             out.append(html_table(df))
         if s.links:
-            out.append("<ul>" + "".join(f"<li><a href='{e(path)}'>{e(lab)}</a></li>" for path, lab in s.links) + "</ul>")
+            items = "".join(f"<li><a href='{e(path)}'>{e(lab)}</a></li>" for path, lab in s.links)
+            out.append(f"<ul>{items}</ul>")
         out += [f"<p class='note'>note: {e(n)}</p>" for n in s.notes]
     out.append("</body></html>")
     return "\n".join(out)

@@ -21,7 +21,13 @@ from specbench.analysis.rows import (
     setting_keys,
     spec_rows,
 )
-from specbench.analysis.speedup import latency_speedup, paired_requests, predict_speedup, throughput_speedup
+from specbench.analysis.speedup import (
+    head_to_head,
+    latency_speedup,
+    paired_requests,
+    predict_speedup,
+    throughput_speedup,
+)
 from specbench.analysis.stats import MEDIAN_CI_METHOD
 from specbench.analysis.summary import format_ci, format_summary, recommendations, summary_table
 from specbench.analysis.timing import CT_KEYS, timing_table
@@ -52,8 +58,13 @@ def ct_points(rounds: pd.DataFrame, ct: pd.DataFrame | None) -> tuple[pd.DataFra
     sp = round_level(spec_rows(rounds))
     ar = round_level(ar_rows(rounds))
     k = [c for c in CT_KEYS if c in rounds.columns]
-    pts = pd.concat([sp[k].assign(k=sp["gamma"].to_numpy(int) + 1, t=sp["t_verify"].to_numpy(float)),
-                     ar[k].assign(k=1, t=ar["t_verify"].to_numpy(float))], ignore_index=True)
+    pts = pd.concat(
+        [
+            sp[k].assign(k=sp["gamma"].to_numpy(int) + 1, t=sp["t_verify"].to_numpy(float)),
+            ar[k].assign(k=1, t=ar["t_verify"].to_numpy(float)),
+        ],
+        ignore_index=True,
+    )
     return pts, "rounds' t_verify (fallback: no C_t table)"
 
 
@@ -88,6 +99,7 @@ class ReportData:
     schedules: dict[str, list[Schedule]] = field(default_factory=dict)  # metric -> schedules (>= 2 batch sizes)
     schedule_note: str | None = None
     context_sweep: pd.DataFrame = field(default_factory=pd.DataFrame)  # per context level: measured vs model
+    head_to_head: pd.DataFrame = field(default_factory=pd.DataFrame)  # decoders of one job against each other
 
     @classmethod
     def compute(cls, rounds, requests, ct=None, *, gamma_max: int = 16, meta: pd.DataFrame | None = None) -> ReportData:
@@ -104,12 +116,19 @@ class ReportData:
             d.latency = latency_speedup(requests, fine, basis="wall")
             if "batch" in requests.columns:
                 d.throughput = throughput_speedup(requests, fine)
-        d.summary = summary_table(rounds, requests, fine, latency=d.latency if len(d.latency) else None,
-                                  throughput=d.throughput if len(d.throughput) else None)
+            d.head_to_head = head_to_head(requests, [k for k in fine if k != "decoder"] + ["decoder"])
+        d.summary = summary_table(
+            rounds,
+            requests,
+            fine,
+            latency=d.latency if len(d.latency) else None,
+            throughput=d.throughput if len(d.throughput) else None,
+        )
         if not d.has_spec:
             return d
-        d.recommendations = recommendations(rounds, requests, ct, gamma_max=gamma_max,
-                                            measured=d.latency if len(d.latency) else None)
+        d.recommendations = recommendations(
+            rounds, requests, ct, gamma_max=gamma_max, measured=d.latency if len(d.latency) else None
+        )
         d.acceptance = acceptance_by_position(rounds)
         if "category" in rounds and rounds["category"].nunique() > 1:  # one workload, several kinds of traffic
             d.acceptance_by_category = acceptance_by_position(rounds, by=[*ACCEPTANCE_KEYS, "category"])
@@ -135,16 +154,27 @@ class ReportData:
             d.context = compare_context_model(rounds, requests, ct, simple=d.loo, measured=d.latency_decode)
         levels = context_levels(requests)
         if levels is not None and "job" in rounds.columns:
-            d.context_sweep = context_table(with_context(rounds, levels), with_context(requests, levels), ct,
-                                            gamma_max=gamma_max)
+            d.context_sweep = context_table(
+                with_context(rounds, levels), with_context(requests, levels), ct, gamma_max=gamma_max
+            )
         return d
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """The tables a script would consume (written as report/tables/<name>.csv and .json)."""
-        out = {"summary": self.summary, "recommendations": self.recommendations, "latency_speedup": self.latency,
-               "throughput_speedup": self.throughput, "acceptance_by_position": self.acceptance,
-               "speedup_vs_model": self.svm, "timing": self.timing, "kv_bytes": self.kv,
-               "peak_memory": self.peak_memory, "context_sweep": self.context_sweep, **self.serving}
+        out = {
+            "summary": self.summary,
+            "recommendations": self.recommendations,
+            "latency_speedup": self.latency,
+            "throughput_speedup": self.throughput,
+            "head_to_head": self.head_to_head,
+            "acceptance_by_position": self.acceptance,
+            "speedup_vs_model": self.svm,
+            "timing": self.timing,
+            "kv_bytes": self.kv,
+            "peak_memory": self.peak_memory,
+            "context_sweep": self.context_sweep,
+            **self.serving,
+        }
         for metric, sched in self.schedules.items():
             out[f"schedule_{metric}"] = pd.concat([x.to_frame() for x in sched], ignore_index=True)
         return {k: v for k, v in out.items() if v is not None and len(v)}
@@ -177,90 +207,160 @@ def build_sections(d: ReportData, save, deploy_links: list[str] = ()) -> tuple[l
             save(fig, name)
             sec.figures.append((name, caption))
 
-    sections = [Section("Summary", text=[
-        "Per setting: acceptance = Σaccepted/Σγ; E[N] = mean(accepted+1); tokens/s = Σ new tokens / Σ wall time "
-        "of the paired requests. Latency speedup: per request, (AR wall time per token) / (speculative wall time "
-        "per token), end to end (prefill included), geometric mean over repeats, median over prompts. Throughput "
-        "speedup: per batch, speculative batch tokens/s / AR batch tokens/s (a batch's wall = its slowest row), "
-        f"median over batches. CIs: {ci}; n beside each ('[–]': too few for a 95% CI, n < 6)."],
-        pre=[format_summary(d.summary)])]
+    sections = [
+        Section(
+            "Summary",
+            text=[
+                "Per setting: acceptance = Σaccepted/Σγ; E[N] = mean(accepted+1); tokens/s = Σ new tokens / Σ wall time "
+                "of the paired requests. Latency speedup: per request, (AR wall time per token) / (speculative wall time "
+                "per token), end to end (prefill included), geometric mean over repeats, median over prompts. Throughput "
+                "speedup: per batch, speculative batch tokens/s / AR batch tokens/s (a batch's wall = its slowest row), "
+                f"median over batches. CIs: {ci}; n beside each ('[–]': too few for a 95% CI, n < 6)."
+            ],
+            pre=[format_summary(d.summary)],
+        )
+    ]
 
-    s = Section("Recommendations", text=[
-        "Best measured setting per workload and batch size (largest median end-to-end latency speedup). verdict: "
-        "'faster' if the whole 95% CI lies above 1×. model γ*: the cost model's optimal γ for that draft "
-        f"(1..{d.gamma_max}) at the requests' decode length, and its predicted decode speedup."])
+    s = Section(
+        "Recommendations",
+        text=[
+            "Best measured setting per workload and batch size (largest median end-to-end latency speedup). verdict: "
+            "'faster' if the whole 95% CI lies above 1×. model γ*: the cost model's optimal γ for that draft "
+            f"(1..{d.gamma_max}) at the requests' decode length, and its predicted decode speedup."
+        ],
+    )
     if len(d.recommendations):
         r = _with_ci(d.recommendations, "latency_speedup", "n_prompts", "latency speedup [95% CI] n prompts")
-        s.tables.append(("", r.rename(columns={"model_gamma": "model γ*", "model_speedup": "model S(γ*)",
-                                               "gamma": "γ"})))
+        s.tables.append(
+            ("", r.rename(columns={"model_gamma": "model γ*", "model_speedup": "model S(γ*)", "gamma": "γ"}))
+        )
     else:
         s.notes.append("no recommendations: no paired speculative requests")
     sections.append(s)
 
-    s = Section("Acceptance", text=[
-        "α_i = P(accepted ≥ i | accepted ≥ i−1), counted over rounds that drafted position i. E[N] uses "
-        "accepted+1 (not committed, which is truncated at EOS/max_new_tokens). Single-α model: "
-        "E[N] = (1−α^{γ+1})/(1−α) with the MLE α = Σaccepted / Σ(accepted + [accepted<γ]); per-position "
-        "model: E[N] = 1 + Σ_i Π_{j≤i} α_j. Which model to use is decided out of sample: 5-fold cross-validated "
-        "log-likelihood of held-out rounds (folds by prompt), so extra parameters only win if they predict."])
+    s = Section(
+        "Acceptance",
+        text=[
+            "α_i = P(accepted ≥ i | accepted ≥ i−1), counted over rounds that drafted position i. E[N] uses "
+            "accepted+1 (not committed, which is truncated at EOS/max_new_tokens). Single-α model: "
+            "E[N] = (1−α^{γ+1})/(1−α) with the MLE α = Σaccepted / Σ(accepted + [accepted<γ]); per-position "
+            "model: E[N] = 1 + Σ_i Π_{j≤i} α_j. Which model to use is decided out of sample: 5-fold cross-validated "
+            "log-likelihood of held-out rounds (folds by prompt), so extra parameters only win if they predict."
+        ],
+    )
     if d.has_spec:
-        add_fig(s, plots.plot_acceptance(d.acceptance), "acceptance_by_position.png",
-                "Per-position acceptance with 95% CI.")
+        add_fig(
+            s, plots.plot_acceptance(d.acceptance), "acceptance_by_position.png", "Per-position acceptance with 95% CI."
+        )
         if d.acceptance_by_category is not None:
-            add_fig(s, plots.plot_acceptance(d.acceptance_by_category), "acceptance_by_category.png",
-                    "Per-position acceptance with 95% CI, per prompt category.")
-        add_fig(s, plots.plot_accept_length(d.accept_length), "accept_length_vs_gamma.png",
-                "E[N] vs γ: measured vs the two acceptance models (fitted in sample).")
+            add_fig(
+                s,
+                plots.plot_acceptance(d.acceptance_by_category),
+                "acceptance_by_category.png",
+                "Per-position acceptance with 95% CI, per prompt category.",
+            )
+        add_fig(
+            s,
+            plots.plot_accept_length(d.accept_length),
+            "accept_length_vs_gamma.png",
+            "E[N] vs γ: measured vs the two acceptance models (fitted in sample).",
+        )
         a = d.acceptance.copy()
-        a["α_i [95% CI]"] = [f"{x:.3f} [{lo:.3f}, {hi:.3f}]" if t else "–"
-                            for x, lo, hi, t in zip(a["alpha"], a["alpha_lo"], a["alpha_hi"], a["trials"])]
+        a["α_i [95% CI]"] = [
+            f"{x:.3f} [{lo:.3f}, {hi:.3f}]" if t else "–"
+            for x, lo, hi, t in zip(a["alpha"], a["alpha_lo"], a["alpha_hi"], a["trials"])
+        ]
         a = a.drop(columns=["successes", "alpha", "alpha_lo", "alpha_hi"])
         s.tables.append(("Per-position acceptance", drop_constant_keys(a)))
         s.tables.append(("Single-α fit", d.single_alpha))
-        s.tables.append(("Which acceptance model predicts held-out rounds better (cross-validated log-likelihood "
-                         "per round)", drop_constant_keys(d.model_choice)))
+        s.tables.append(
+            (
+                "Which acceptance model predicts held-out rounds better (cross-validated log-likelihood per round)",
+                drop_constant_keys(d.model_choice),
+            )
+        )
     else:
         s.notes.append("no speculative rounds in this sweep")
     sections.append(s)
 
-    s = Section("Component costs", text=[
-        "One observation per round (times are shared by a round's batch rows), full-batch rounds where there "
-        "are at least 3. C_d(γ) = intercept + per-token·γ (least squares through the per-γ medians); C_t(k) = "
-        "monotone (isotonic) fit of the median time per k, interpolated between tried k and extrapolated "
-        "linearly beyond; C_o = median per γ (linear fit for untried γ); C_t1 = median AR time per token."])
+    s = Section(
+        "Component costs",
+        text=[
+            "One observation per round (times are shared by a round's batch rows), full-batch rounds where there "
+            "are at least 3. C_d(γ) = intercept + per-token·γ (least squares through the per-γ medians); C_t(k) = "
+            "monotone (isotonic) fit of the median time per k, interpolated between tried k and extrapolated "
+            "linearly beyond; C_o = median per γ (linear fit for untried γ); C_t1 = median AR time per token."
+        ],
+    )
     if d.has_spec:
         add_fig(s, plots.plot_cost_breakdown(d.rounds), "cost_breakdown.png", "Stacked C_d / C_t / C_o per round vs γ.")
         s.tables.append(("Fitted timing profiles (seconds)", drop_constant_keys(d.timing)))
     add_fig(s, plots.plot_ct(*ct_points(d.rounds, d.ct)), "ct_k.png", "Target forward time C_t(k) per batch size.")
     sections.append(s)
 
-    s = Section("Speedup model", text=[
-        "S(γ) = T(γ)·C_t1 / (C_d(γ) + C_t(γ+1) + C_o(γ)); ideal: C_o = 0. T(γ) is the expected tokens committed "
-        "per round by a request of the measured decode length: E[N] less the tokens its last round accepts past "
-        "max_new_tokens (it tends to E[N] for long outputs). Model-vs-measured comparisons use the decode-phase "
-        "latency speedup ((wall − TTFT)/(new tokens − 1)), which is what the model describes. Leave-one-γ-out: "
-        "each γ is predicted from the other γ jobs' rows only (their rounds, AR rows and C_t micro-benchmark "
-        "rows; the held-out jobs' own C_t rows are excluded)."])
+    s = Section(
+        "Speedup model",
+        text=[
+            "S(γ) = T(γ)·C_t1 / (C_d(γ) + C_t(γ+1) + C_o(γ)); ideal: C_o = 0. T(γ) is the expected tokens committed "
+            "per round by a request of the measured decode length: E[N] less the tokens its last round accepts past "
+            "max_new_tokens (it tends to E[N] for long outputs). Model-vs-measured comparisons use the decode-phase "
+            "latency speedup ((wall − TTFT)/(new tokens − 1)), which is what the model describes. Leave-one-γ-out: "
+            "each γ is predicted from the other γ jobs' rows only (their rounds, AR rows and C_t micro-benchmark "
+            "rows; the held-out jobs' own C_t rows are excluded)."
+        ],
+    )
     if d.has_spec:
-        add_fig(s, plots.plot_speedup(d.svm, d.curves), "speedup_vs_gamma.png",
-                "Decode latency speedup vs γ: measured (median, 95% CI), model, ideal.")
-        s.tables.append(("Measured vs predicted (rel_error = predicted/measured − 1)",
-                         drop_constant_keys(_with_ci(d.svm, "latency_speedup", "n_prompts",
-                                                     "measured latency speedup [95% CI] n prompts"))))
+        add_fig(
+            s,
+            plots.plot_speedup(d.svm, d.curves),
+            "speedup_vs_gamma.png",
+            "Decode latency speedup vs γ: measured (median, 95% CI), model, ideal.",
+        )
+        s.tables.append(
+            (
+                "Measured vs predicted (rel_error = predicted/measured − 1)",
+                drop_constant_keys(
+                    _with_ci(d.svm, "latency_speedup", "n_prompts", "measured latency speedup [95% CI] n prompts")
+                ),
+            )
+        )
         if d.loo.empty:
             s.notes.append("leave-one-out: needs at least two γ settings per setting")
         else:
-            s.tables.append(("Leave-one-γ-out predictions",
-                             drop_constant_keys(_with_ci(d.loo, "latency_speedup", "n_prompts",
-                                                         "measured latency speedup [95% CI] n prompts"))))
-            s.tables.append(("Leave-one-out |relative error|: simple vs context-length model",
-                             drop_constant_keys(d.context)))
+            s.tables.append(
+                (
+                    "Leave-one-γ-out predictions",
+                    drop_constant_keys(
+                        _with_ci(d.loo, "latency_speedup", "n_prompts", "measured latency speedup [95% CI] n prompts")
+                    ),
+                )
+            )
+            s.tables.append(
+                ("Leave-one-out |relative error|: simple vs context-length model", drop_constant_keys(d.context))
+            )
     sections.append(s)
+
+    if len(d.head_to_head):
+        s = Section(
+            "Decoders head to head",
+            text=[
+                "Decoders interleaved in the same job (`extra_decoders`): same prompts, seeds and alternating order. "
+                "Latency speedup of `decoder` over `versus`, per prompt (end-to-end time per token), median over "
+                "prompts with its exact CI and n."
+            ],
+        )
+        hh = _with_ci(d.head_to_head, "latency_speedup", "n_prompts", "decoder over versus [95% CI] n")
+        s.tables.append(("", drop_constant_keys(hh, tuple(k for k in SETTING_KEYS if k != "decoder"))))
+        sections.append(s)
 
     s = Section("Throughput vs batch size")
     if len(d.latency):
-        add_fig(s, plots.plot_tokens_per_second(d.latency, d.throughput), "tokens_per_second.png",
-                "Tokens/s vs batch size: per request and per batch.")
+        add_fig(
+            s,
+            plots.plot_tokens_per_second(d.latency, d.throughput),
+            "tokens_per_second.png",
+            "Tokens/s vs batch size: per request and per batch.",
+        )
     else:
         s.notes.append("no paired requests")
     sections.append(s)
@@ -270,14 +370,22 @@ def build_sections(d: ReportData, save, deploy_links: list[str] = ()) -> tuple[l
     if d.schedules or d.schedule_note:
         sections.append(schedule_section(d.schedules, d.schedule_note, list(deploy_links)))
     if len(d.context_sweep):
-        s = Section("Context length", text=[
-            "Jobs of one setting and γ ran at several context lengths (a job's level: its requests' median prompt "
-            "tokens). Measured per level: single α, median C_d per drafted token, C_t(1) (AR step), C_t(γmax+1), "
-            "and the γ with the best decode-phase latency speedup. Model: the context variant (C_t(k) + β·L, "
-            "C_d = a + γ(b + c·L), C_t1(L)) fitted on all levels, evaluated at the level's mean round context L; "
-            "α has no context term (pooled), so where measured α moves, the model's γ* cannot follow."])
-        add_fig(s, plots.plot_context(d.context_sweep), "context_length.png",
-                "Costs, α and the best γ vs context length: measured vs model.")
+        s = Section(
+            "Context length",
+            text=[
+                "Jobs of one setting and γ ran at several context lengths (a job's level: its requests' median prompt "
+                "tokens). Measured per level: single α, median C_d per drafted token, C_t(1) (AR step), C_t(γmax+1), "
+                "and the γ with the best decode-phase latency speedup. Model: the context variant (C_t(k) + β·L, "
+                "C_d = a + γ(b + c·L), C_t1(L)) fitted on all levels, evaluated at the level's mean round context L; "
+                "α has no context term (pooled), so where measured α moves, the model's γ* cannot follow."
+            ],
+        )
+        add_fig(
+            s,
+            plots.plot_context(d.context_sweep),
+            "context_length.png",
+            "Costs, α and the best γ vs context length: measured vs model.",
+        )
         s.tables.append(("Measured vs model per context level", drop_constant_keys(d.context_sweep)))
         sections.append(s)
     return sections, notes
@@ -300,6 +408,8 @@ def report_meta(d: ReportData) -> dict:
 
 def save_png(out_dir: Path, dpi: int):
     """A `save(fig, name)` that writes PNGs into out_dir."""
+
     def save(fig, name: str) -> None:
         fig.savefig(out_dir / name, dpi=dpi, format="png")
+
     return save
