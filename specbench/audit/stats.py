@@ -57,6 +57,25 @@ def _tv_estimate(plugin: float, boot: np.ndarray, ci: float) -> tuple[float, flo
     return clip(2 * plugin - boot.mean()), clip(2 * plugin - q_hi), clip(2 * plugin - q_lo)
 
 
+def _result(kind, n, n_ref, bins, statistic, p_value, plugin, boot, tv_null, n_eff, ci) -> dict:
+    """One test's row: counts, statistic and p-value, the TV estimate with its interval and noise floor."""
+    tv, lo, hi = _tv_estimate(plugin, boot, ci)
+    return dict(
+        kind=kind,
+        n=n,
+        n_ref=n_ref,
+        bins=bins,
+        statistic=float(statistic),
+        p_value=float(p_value),
+        tv=tv,
+        tv_lo=lo,
+        tv_hi=hi,
+        tv_plugin=plugin,
+        tv_null=tv_null,
+        n_eff=float(n_eff),
+    )
+
+
 def gof_test(obs: np.ndarray, prob: np.ndarray, settings: AuditSettings, rng: np.random.Generator) -> dict | None:
     """Chi-square goodness of fit of counts `obs` against probabilities `prob` (same categories).
 
@@ -81,21 +100,8 @@ def gof_test(obs: np.ndarray, prob: np.ndarray, settings: AuditSettings, rng: np
     plugin = float(_tv_rows(phat, p))
     boot = _tv_rows(rng.multinomial(n, phat, size=settings.bootstrap) / n, p) if settings.bootstrap else np.zeros(0)
     null = rng.multinomial(n, p, size=max(settings.bootstrap, 200)) / n
-    tv, lo, hi = _tv_estimate(plugin, boot, settings.ci)
-    return dict(
-        kind=kind,
-        n=n,
-        n_ref=None,
-        bins=len(o),
-        statistic=float(statistic),
-        p_value=float(p_value),
-        tv=tv,
-        tv_lo=lo,
-        tv_hi=hi,
-        tv_plugin=plugin,
-        tv_null=float(_tv_rows(null, p).mean()),
-        n_eff=float(n),
-    )
+    tv_null = float(_tv_rows(null, p).mean())
+    return _result(kind, n, None, len(o), statistic, p_value, plugin, boot, tv_null, float(n), settings.ci)
 
 
 def two_sample_test(a: np.ndarray, b: np.ndarray, settings: AuditSettings, rng: np.random.Generator) -> dict | None:
@@ -114,20 +120,8 @@ def two_sample_test(a: np.ndarray, b: np.ndarray, settings: AuditSettings, rng: 
     pooled = (x + y) / (na + nb)
     rn = max(r, 200)
     tv_null = _tv_rows(rng.multinomial(na, pooled, size=rn) / na, rng.multinomial(nb, pooled, size=rn) / nb).mean()
-    tv, lo, hi = _tv_estimate(plugin, boot, settings.ci)
-    return dict(
-        kind="g-test",
-        n=na,
-        n_ref=nb,
-        bins=len(x),
-        statistic=float(statistic),
-        p_value=float(p_value),
-        tv=tv,
-        tv_lo=lo,
-        tv_hi=hi,
-        tv_plugin=plugin,
-        tv_null=float(tv_null),
-        n_eff=na * nb / (na + nb),
+    return _result(
+        "g-test", na, nb, len(x), statistic, p_value, plugin, boot, float(tv_null), na * nb / (na + nb), settings.ci
     )
 
 
