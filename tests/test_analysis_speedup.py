@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from synthetic import synthetic_sweep
+from synthetic import CD, many_rounds, standard_sweep, synthetic_sweep
 
 from specbench.analysis.acceptance import AcceptanceProfile, expected_accept_length_positional
 from specbench.analysis.rows import add_gamma_setting, spec_rows
@@ -28,42 +28,15 @@ from specbench.decoding.records import AUTOREGRESSIVE, SPECULATIVE
 
 # ---------------------------------------------------------------- fixtures
 
-ALPHAS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.45)
-CD = (0.0010, 0.0030)  # C_d intercept, per token (s)
-CT = {"flat": 0.020, "per_token": 0.0015, "knee": 8}
-CO = (0.0010, 0.0002)
-CO_AR = 0.0005
-
 
 @pytest.fixture(scope="module")
 def sweep():
-    return synthetic_sweep(
-        gammas=(1, 2, 3, 4, 5, 6),
-        alphas={"chat": ALPHAS},
-        drafts={"tiny": CD},
-        ct=CT,
-        co=CO,
-        co_ar=CO_AR,
-        n_prompts=12,
-        new_tokens=96,
-        seed=11,
-    )
+    return standard_sweep()
 
 
 @pytest.fixture(scope="module")
 def big_acceptance():
-    # many rounds at each gamma so that per-position CIs are tight
-    return synthetic_sweep(
-        gammas=(2, 4, 6), alphas={"chat": ALPHAS}, drafts={"tiny": CD}, n_prompts=24, new_tokens=160, seed=12
-    )["rounds"]
-
-
-def _rows(pairs, committed=None):
-    """Round rows from (gamma, accepted) pairs."""
-    g, a = zip(*pairs)
-    df = pd.DataFrame({"gamma": g, "accepted": a, "decoder": SPECULATIVE})
-    df["committed"] = committed if committed is not None else df["accepted"] + 1
-    return df
+    return many_rounds()
 
 
 # ---------------------------------------------------------------- speedup: measured, model, LOO

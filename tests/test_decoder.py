@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_llama
+from conftest import VOCAB, hf_greedy, tiny_llama
 from transformers import DynamicCache
 from transformers.generation.logits_process import TopKLogitsWarper
 
@@ -17,21 +17,6 @@ from specbench.decoding.timing import PhaseTimer
 from specbench.models.quant import quantize_w8a16
 
 GREEDY = SamplingConfig()
-
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy continuation (an explicit all-ones mask: else token 0, the pad id, is masked out)."""
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 def make_draft(kind, target, close_draft):

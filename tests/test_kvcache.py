@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, perturbed
-from test_decoder import hf_greedy
+from conftest import VOCAB, hf_greedy, perturbed
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,

@@ -4,8 +4,7 @@ token (tiny float64 pairs, and the embedded pair in float32), and hf_assisted ma
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import VOCAB, needs_embedded, perturbed
+from conftest import VOCAB, hf_greedy, needs_embedded, perturbed
 
 from specbench.config import Config, SamplingSpec
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
@@ -18,19 +17,6 @@ from specbench.decoding.timing import PhaseTimer
 N = 24
 
 
-def hf_greedy(model, prompt: list[int], n: int = N, **processors) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        **processors,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
 @pytest.fixture(scope="module")
 def near_draft(target):
     return perturbed(target, 0.05, seed=1)  # accepts often: later positions of a round matter
@@ -39,7 +25,7 @@ def near_draft(target):
 @pytest.fixture(scope="module")
 def banned(target, prompts):
     """A bigram and a token that plain greedy decoding (with the penalty) emits, so banning them bites."""
-    out = hf_greedy(target, prompts[0], repetition_penalty=1.3)
+    out = hf_greedy(target, prompts[0], N, repetition_penalty=1.3)
     return (out[2], out[3]), out[6]
 
 
@@ -53,11 +39,13 @@ def test_greedy_with_penalty_and_bans_equals_generate(draft_kind, batch, target,
     spec = speculative_decode(CachedLM(target), draft, prompts[:batch], 4, sampling, N, set())
     base = autoregressive_decode(CachedLM(target), prompts[:batch], sampling, N, set())
     for row, prompt in enumerate(prompts[:batch]):
-        expected = hf_greedy(target, prompt, **hf)
+        expected = hf_greedy(target, prompt, N, **hf)
         assert spec.tokens[row] == expected, f"speculative row {row}"
         assert base.tokens[row] == expected, f"autoregressive row {row}"
-    assert hf_greedy(target, prompts[0], **hf) != hf_greedy(target, prompts[0], repetition_penalty=1.3)  # bans bite
-    assert hf_greedy(target, prompts[0], repetition_penalty=1.3) != hf_greedy(target, prompts[0])  # penalty bites
+    assert hf_greedy(target, prompts[0], N, **hf) != hf_greedy(
+        target, prompts[0], N, repetition_penalty=1.3
+    )  # bans bite
+    assert hf_greedy(target, prompts[0], N, repetition_penalty=1.3) != hf_greedy(target, prompts[0], N)  # penalty bites
     if draft_kind == "model":
         assert sum(r.accepted for r in spec.rounds) > len(spec.rounds)  # drafts inside a round were verified
 
@@ -67,7 +55,7 @@ def test_hf_assisted_greedy_with_penalty_and_bans_equals_generate(target, near_d
     sampling = SamplingConfig(repetition_penalty=1.3, banned_token_ids=(token,), banned_sequences=(bigram,))
     result = hf_assisted_decode(target, near_draft, [prompts[0]], 3, sampling, N, set(), 0, PhaseTimer())
     assert result.tokens[0][:N] == hf_greedy(
-        target, prompts[0], repetition_penalty=1.3, bad_words_ids=[[token], list(bigram)]
+        target, prompts[0], N, repetition_penalty=1.3, bad_words_ids=[[token], list(bigram)]
     )
 
 
