@@ -313,3 +313,37 @@ def timing_table(rounds: pd.DataFrame, ct: pd.DataFrame | None = None, by=None) 
             }
         )
     return pd.DataFrame(rows)
+
+
+FLOOR_KEYS = ("hardware", "dtype", "target", "draft")  # what a floor row is specific to (not the batch size)
+
+
+def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataFrame:
+    """How far each measured cost is from the hardware: per timing setting (a `timing_table` row),
+    C_t1 and C_d per drafted token beside their floors, weight bytes ÷ the median streaming
+    bandwidth of the job's probe (`specbench.bench.microbench.bench_weight_stream`), in seconds.
+
+    The floors count weight reads only (KV-cache reads and activations come on top), so a ratio
+    near 1 means the step is memory-bound at the hardware's rate; far above 1, overhead-bound.
+    Empty without floor rows."""
+    if floor is None or floor.empty or timing.empty:
+        return pd.DataFrame()
+    keys = [k for k in FLOOR_KEYS if k in timing.columns and k in floor.columns]
+    per_job = floor.assign(bandwidth=floor["probe_bytes"] / floor["t_stream"])
+    bw = (
+        per_job.groupby(keys, dropna=False)
+        .agg(
+            bandwidth=("bandwidth", "median"),
+            target_weight_bytes=("target_weight_bytes", "max"),
+            draft_weight_bytes=("draft_weight_bytes", "max"),
+        )
+        .reset_index()
+    )
+    out = timing[[*keys, *(k for k in ("batch_size",) if k in timing.columns), "ct1", "cd_per_token"]].merge(
+        bw, on=keys, how="inner"
+    )
+    out["target_floor"] = out["target_weight_bytes"] / out["bandwidth"]
+    out["draft_floor"] = (out["draft_weight_bytes"] / out["bandwidth"]).where(out["draft_weight_bytes"] > 0)
+    out["ct1_over_floor"] = out["ct1"] / out["target_floor"]
+    out["cd_over_floor"] = out["cd_per_token"] / out["draft_floor"]
+    return out

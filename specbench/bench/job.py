@@ -20,6 +20,7 @@ from specbench.bench.protocol import (
     EncodedPrompt,
     batches_of,
     bench_ct,
+    bench_floor,
     decoders,
     job_keys,
     measure_batch,
@@ -123,6 +124,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
     runstore.write_table(job_dir, "requests", pd.concat(requests, ignore_index=True).assign(**peak.record))
     if cfg.ct_bench:
         runstore.write_table(job_dir, "ct", bench_ct(cfg, pair, keys, prompts, CT_KS))
+        runstore.write_table(job_dir, "floor", bench_floor(pair, keys))
     meta = telemetry.write(job_dir)
     runstore.mark_done(
         job_dir,

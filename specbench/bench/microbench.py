@@ -1,19 +1,27 @@
-"""C_t(k): time one target forward over k new tokens, per batch size, measured directly.
+"""Per-job micro-benchmarks: C_t(k), and the weight-streaming bandwidth behind the hardware floor.
 
 Verification cost is flat in k while the forward is memory-bound and rises once it is
 compute-bound, so the cost model fits a monotone curve to these points rather than
 guessing C_t(γ+1) from a line. Each forward is rolled back, so the context stays fixed.
+
+A decode step must read every weight once, so (weight bytes ÷ streaming bandwidth) is the
+floor under C_t1 and under a draft step; the bandwidth is measured with the same kind of
+op a decode step runs (one k = 1 linear over a matrix far larger than the caches).
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.timing import PhaseTimer
 
 CT_COLUMNS = ["batch_size", "k", "context_len", "repeat", "t_forward"]
+FLOOR_COLUMNS = ["probe_bytes", "repeat", "t_stream", "target_weight_bytes", "draft_weight_bytes"]
 
 
 def bench_target_forward(
@@ -54,3 +62,38 @@ def bench_target_forward(
         }
         for r, k, s, e in marks
     ]
+
+
+def streamed_weight_bytes(model: nn.Module | None) -> int:
+    """Bytes of weights one decode step reads: every parameter and buffer once (tied tensors once),
+    except an input embedding that is not also the output head (a lookup reads one row per token).
+    0 for no model (n-gram lookup)."""
+    if model is None:
+        return 0
+    sizes = {t.data_ptr(): t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers())}
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (head is None or head.weight.data_ptr() != emb.weight.data_ptr()):
+        sizes.pop(emb.weight.data_ptr(), None)
+    return int(sum(sizes.values()))
+
+
+def bench_weight_stream(
+    dtype: torch.dtype, device: torch.device | str, probe_bytes: int | None = None, repeats: int = 5, hidden: int = 2048
+) -> list[dict]:
+    """Rows (probe_bytes, repeat, t_stream seconds): one [1, hidden] x [hidden, N] linear over a
+    `probe_bytes` weight matrix (256 MiB on CPU, 1 GiB on CUDA: far past the last-level cache)."""
+    device = torch.device(device)
+    probe_bytes = probe_bytes or (1 << 30 if device.type == "cuda" else 256 << 20)
+    element = torch.empty((), dtype=dtype).element_size()
+    weight = torch.empty(probe_bytes // (element * hidden), hidden, dtype=dtype, device=device).uniform_(-1, 1)
+    x = torch.ones(1, hidden, dtype=dtype, device=device)
+    timer = PhaseTimer(device)
+    nn.functional.linear(x, weight)  # first call pays one-off costs; not recorded
+    marks = []
+    for repeat in range(repeats):
+        start = timer.mark()
+        nn.functional.linear(x, weight)
+        marks.append((repeat, start, timer.mark()))
+    seconds = timer.resolve()
+    nbytes = weight.numel() * element
+    return [{"probe_bytes": nbytes, "repeat": r, "t_stream": seconds[e] - seconds[s]} for r, s, e in marks]

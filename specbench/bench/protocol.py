@@ -7,6 +7,7 @@
 * rows: round and request rows labelled with the job keys, prompt id and category, decoder,
   repeat and batch (request rows also carry `gamma`: the setting for speculative rows, 0 for AR);
 * C_t(k): target-forward micro-benchmark rows labelled with hardware, dtype, target, pair, shape_only;
+* floor: the weight-streaming probe and both models' weight bytes, labelled the same plus draft;
 * telemetry: every measured decode call runs under NVML telemetry (`JobTelemetry`; a no-op off CUDA).
 """
 
@@ -19,7 +20,7 @@ import pandas as pd
 import torch
 
 from specbench.bench.envinfo import hardware_label
-from specbench.bench.microbench import bench_target_forward
+from specbench.bench.microbench import bench_target_forward, bench_weight_stream, streamed_weight_bytes
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
 from specbench.decoding.decoder import DecodeResult, autoregressive_decode, speculative_decode
@@ -176,3 +177,14 @@ def bench_ct(cfg: Config, pair: Pair, keys: dict, prompts: list[EncodedPrompt], 
     for k in CT_KEYS:
         ct[k] = keys[k]
     return ct
+
+
+def bench_floor(pair: Pair, keys: dict) -> pd.DataFrame:
+    """Streaming-bandwidth probe rows with the target's and the draft's weight bytes (the hardware
+    floor of a decode step: `specbench.analysis.timing.hardware_limit`), labelled with `CT_KEYS` + draft."""
+    floor = pd.DataFrame(bench_weight_stream(pair.target.dtype, pair.target.device))
+    floor["target_weight_bytes"] = streamed_weight_bytes(pair.target)
+    floor["draft_weight_bytes"] = streamed_weight_bytes(pair.draft_model)
+    for k in (*CT_KEYS, "draft"):
+        floor[k] = keys[k]
+    return floor

@@ -60,6 +60,7 @@ def build_report(
     title: str | None = None,
     gamma_max: int = 16,
     meta: pd.DataFrame | None = None,
+    floor: pd.DataFrame | None = None,
 ) -> dict:
     """Compute every table once from the raw rows and write report.md, report.html (self-
     contained: plots embedded as data URIs), the PNG plots, tables/<name>.{csv,json} and, with
@@ -70,7 +71,7 @@ def build_report(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = ReportData.compute(rounds, requests, ct, gamma_max=gamma_max, meta=meta)
+    data = ReportData.compute(rounds, requests, ct, gamma_max=gamma_max, meta=meta, floor=floor)
     deploy = []
     if data.schedules:  # engine files follow the first metric's schedule (throughput)
         deploy = write_deployment(next(iter(data.schedules.values())), out_dir / "deploy")
@@ -110,9 +111,14 @@ def write_report(sweep_dir, out_dir=None, ct=None, **kw) -> dict:
     sweep_dir = Path(sweep_dir)
     rounds, requests, ct = load_tables(sweep_dir, ct)
     kw.setdefault("title", f"Speculative decoding report: {sweep_dir.name}")
-    if "meta" not in kw:
-        from specbench.bench.runstore import load_meta
+    from specbench.bench.runstore import load_meta, load_sweep
 
+    if "floor" not in kw:
+        try:
+            kw["floor"] = load_sweep(sweep_dir, "floor")  # the hardware-limit probe (jobs with ct_bench)
+        except ValueError:
+            kw["floor"] = None
+    if "meta" not in kw:
         try:
             kw["meta"] = load_meta(sweep_dir)  # read for the peak-memory hook
         except (ValueError, FileNotFoundError):

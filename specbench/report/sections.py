@@ -30,7 +30,7 @@ from specbench.analysis.speedup import (
 )
 from specbench.analysis.stats import MEDIAN_CI_METHOD
 from specbench.analysis.summary import format_ci, format_summary, recommendations, summary_table
-from specbench.analysis.timing import CT_KEYS, timing_table
+from specbench.analysis.timing import CT_KEYS, hardware_limit, timing_table
 from specbench.analysis.validation import compare_context_model, fit_setting_profiles, leave_one_out, speedup_vs_model
 from specbench.deploy.schedule import Schedule
 from specbench.report import plots
@@ -89,6 +89,7 @@ class ReportData:
     model_choice: pd.DataFrame = field(default_factory=pd.DataFrame)
     single_alpha: pd.DataFrame = field(default_factory=pd.DataFrame)
     timing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    hardware_limit: pd.DataFrame = field(default_factory=pd.DataFrame)  # measured costs vs weight-streaming floors
     svm: pd.DataFrame = field(default_factory=pd.DataFrame)
     curves: dict = field(default_factory=dict)
     loo: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -102,9 +103,11 @@ class ReportData:
     head_to_head: pd.DataFrame = field(default_factory=pd.DataFrame)  # decoders of one job against each other
 
     @classmethod
-    def compute(cls, rounds, requests, ct=None, *, gamma_max: int = 16, meta: pd.DataFrame | None = None) -> ReportData:
+    def compute(
+        cls, rounds, requests, ct=None, *, gamma_max: int = 16, meta: pd.DataFrame | None = None, floor=None
+    ) -> ReportData:
         """All tables from the raw rows (`ct`: the C_t(k) micro-benchmark rows or None; `meta`: job meta rows,
-        read for the peak-memory hook only)."""
+        read for the peak-memory hook only; `floor`: the weight-streaming probe rows or None)."""
         rounds, requests = add_gamma_setting(rounds, requests)
         d = cls(rounds, requests, ct, gamma_max, has_spec=not spec_rows(rounds).empty)
         d.serving = serving_tables(rounds, requests, d.has_spec)
@@ -141,6 +144,7 @@ class ReportData:
             singles.append({**kd, "α (single)": f.alpha, "lo": f.lo, "hi": f.hi, "tested positions": f.trials})
         d.single_alpha = pd.DataFrame(singles)
         d.timing = timing_table(rounds, ct)
+        d.hardware_limit = hardware_limit(d.timing, floor)
         skeys = setting_keys(rounds, None)
         d.latency_decode = latency_speedup(requests, skeys + ["gamma"], basis="decode")
         d.svm = speedup_vs_model(rounds, requests, ct, gamma_max=gamma_max, measured=d.latency_decode)
@@ -170,6 +174,7 @@ class ReportData:
             "acceptance_by_position": self.acceptance,
             "speedup_vs_model": self.svm,
             "timing": self.timing,
+            "hardware_limit": self.hardware_limit,
             "kv_bytes": self.kv,
             "peak_memory": self.peak_memory,
             "context_sweep": self.context_sweep,
@@ -178,6 +183,22 @@ class ReportData:
         for metric, sched in self.schedules.items():
             out[f"schedule_{metric}"] = pd.concat([x.to_frame() for x in sched], ignore_index=True)
         return {k: v for k, v in out.items() if v is not None and len(v)}
+
+
+def hardware_limit_view(hl: pd.DataFrame) -> pd.DataFrame:
+    """`hardware_limit` for reading: GB/s, MB, milliseconds and ratios."""
+    ms = lambda col: (hl[col] * 1e3).round(2)
+    view = hl[[k for k in ("hardware", "dtype", "target", "draft", "batch_size") if k in hl]].copy()
+    view["stream GB/s"] = (hl["bandwidth"] / 1e9).round(1)
+    view["target MB"] = (hl["target_weight_bytes"] / 1e6).round(1)
+    view["target floor ms"] = ms("target_floor")
+    view["C_t1 ms"] = ms("ct1")
+    view["C_t1 ÷ floor"] = hl["ct1_over_floor"].round(2)
+    view["draft MB"] = (hl["draft_weight_bytes"] / 1e6).round(1)
+    view["draft floor ms"] = ms("draft_floor")
+    view["C_d per token ms"] = ms("cd_per_token")
+    view["C_d ÷ floor"] = hl["cd_over_floor"].round(2)
+    return drop_constant_keys(view)
 
 
 def drop_constant_keys(df: pd.DataFrame, keys=(*SETTING_KEYS, "category")) -> pd.DataFrame:
@@ -289,12 +310,17 @@ def build_sections(d: ReportData, save, deploy_links: list[str] = ()) -> tuple[l
             "One observation per round (times are shared by a round's batch rows), full-batch rounds where there "
             "are at least 3. C_d(γ) = intercept + per-token·γ (least squares through the per-γ medians); C_t(k) = "
             "monotone (isotonic) fit of the median time per k, interpolated between tried k and extrapolated "
-            "linearly beyond; C_o = median per γ (linear fit for untried γ); C_t1 = median AR time per token."
+            "linearly beyond; C_o = median per γ (linear fit for untried γ); C_t1 = median AR time per token. "
+            "Hardware limit: a decode step reads every weight once, so weight bytes ÷ the streaming bandwidth "
+            "measured in the job (one k = 1 linear over a 256 MiB matrix) is the floor under C_t1 and under one "
+            "draft step (weights only: KV-cache reads come on top); ratios far above 1 mean overhead, not memory."
         ],
     )
     if d.has_spec:
         add_fig(s, plots.plot_cost_breakdown(d.rounds), "cost_breakdown.png", "Stacked C_d / C_t / C_o per round vs γ.")
         s.tables.append(("Fitted timing profiles (seconds)", drop_constant_keys(d.timing)))
+        if len(d.hardware_limit):
+            s.tables.append(("Hardware limit", hardware_limit_view(d.hardware_limit)))
     add_fig(s, plots.plot_ct(*ct_points(d.rounds, d.ct)), "ct_k.png", "Target forward time C_t(k) per batch size.")
     sections.append(s)
 

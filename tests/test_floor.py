@@ -1,0 +1,80 @@
+"""The hardware floor: weight bytes a decode step reads, the streaming probe, and the report's ratios."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import torch
+from conftest import tiny_llama
+from synthetic import synthetic_sweep
+
+from specbench.analysis.timing import hardware_limit
+from specbench.bench.microbench import FLOOR_COLUMNS, bench_weight_stream, streamed_weight_bytes
+from specbench.models.quant import quantize_w8a16
+from specbench.report import build_report
+
+# tiny_llama: vocab 96, hidden 32, intermediate 64, 2 layers, 4 heads of 8, 2 KV heads.
+_LAYER = 32 * 32 * 2 + 32 * 16 * 2 + 32 * 64 * 3 + 32 * 2  # q, o; k, v; gate, up, down; two norms
+_HEAD = 96 * 32
+
+
+def test_weight_bytes_count_what_a_decode_step_reads():
+    untied = tiny_llama(0)  # float64: 8 bytes per element
+    rotary = sum(b.numel() * b.element_size() for b in untied.buffers())  # inv_freq: read too, a few bytes
+    # The input embedding is a lookup (one row per token), so only the head is streamed.
+    assert streamed_weight_bytes(untied) == 8 * (2 * _LAYER + 32 + _HEAD) + rotary
+    tied = tiny_llama(0)
+    tied.lm_head.weight = tied.model.embed_tokens.weight
+    assert streamed_weight_bytes(tied) == 8 * (2 * _LAYER + 32 + _HEAD) + rotary  # the shared matrix once
+    # W8A16: int8 weights plus one scale per output channel (the model's dtype); norms stay float64.
+    q = quantize_w8a16(tiny_llama(0))
+    linear_weights = 2 * (32 * 32 * 2 + 32 * 16 * 2 + 32 * 64 * 3) + _HEAD
+    scales = 2 * (32 * 2 + 16 * 2 + 64 * 2 + 32) + 96
+    assert streamed_weight_bytes(q) == linear_weights + 8 * scales + 8 * (2 * 64 + 32) + rotary
+    assert streamed_weight_bytes(None) == 0  # n-gram lookup reads no weights
+
+
+def test_stream_probe_rows():
+    rows = bench_weight_stream(torch.float32, "cpu", probe_bytes=8 << 20, repeats=3)
+    assert [r["repeat"] for r in rows] == [0, 1, 2]
+    assert all(r["probe_bytes"] == 8 << 20 and r["t_stream"] > 0 for r in rows)
+
+
+def _timing(**extra) -> pd.DataFrame:
+    keys = {"hardware": "cpu:x", "dtype": "bfloat16", "target": "t", "draft": "d", "batch_size": 1}
+    return pd.DataFrame([{**keys, "ct1": 0.040, "cd_per_token": 0.024, **extra}])
+
+
+def _floor(draft_bytes: int = 135_000_000) -> pd.DataFrame:
+    keys = {"hardware": "cpu:x", "dtype": "bfloat16", "target": "t", "draft": "d"}
+    # 270 MB in 27, 18 and 20 ms: 10, 15 and 13.5 GB/s, median 13.5 GB/s.
+    rows = [(270_000_000, 0, t, 270_000_000, draft_bytes) for t in (0.027, 0.018, 0.020)]
+    return pd.DataFrame(rows, columns=FLOOR_COLUMNS).assign(**keys)
+
+
+def test_hardware_limit_hand_values():
+    hl = hardware_limit(_timing(), _floor())
+    (row,) = hl.to_dict("records")
+    assert math.isclose(row["bandwidth"], 13.5e9)
+    assert math.isclose(row["target_floor"], 0.020)  # 270 MB / 13.5 GB/s
+    assert math.isclose(row["draft_floor"], 0.010)
+    assert math.isclose(row["ct1_over_floor"], 2.0)
+    assert math.isclose(row["cd_over_floor"], 2.4)
+    ngram = hardware_limit(_timing(), _floor(draft_bytes=0)).iloc[0]
+    assert math.isnan(ngram["draft_floor"]) and math.isnan(ngram["cd_over_floor"])  # no weights, no floor
+    assert hardware_limit(_timing(), None).empty
+    assert hardware_limit(_timing(hardware="cpu:other"), _floor()).empty  # floors never cross machines
+
+
+def test_report_shows_the_hardware_limit(tmp_path):
+    s = synthetic_sweep(gammas=(1, 2), alphas={"chat": (0.8, 0.7)}, n_prompts=3, new_tokens=24, seed=5)
+    keys = s["rounds"][["hardware", "dtype", "target", "draft"]].drop_duplicates()
+    floor = pd.concat([_floor().drop(columns=list(keys.columns)).assign(**k) for k in keys.to_dict("records")])
+    res = build_report(s["rounds"], s["requests"], s["ct"], tmp_path, floor=floor)
+    md = res["markdown"].read_text()
+    assert "Hardware limit" in md and "C_t1 ÷ floor" in md
+    table = pd.read_csv(tmp_path / "tables" / "hardware_limit.csv")
+    assert (table["bandwidth"] == 13.5e9).all()
+    plain = build_report(s["rounds"], s["requests"], s["ct"], tmp_path / "plain")
+    assert "C_t1 ÷ floor" not in plain["markdown"].read_text()
