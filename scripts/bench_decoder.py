@@ -3,8 +3,9 @@
     python scripts/bench_decoder.py [--gamma 4] [--max-new-tokens 128] [--draft w8a16]
 
 Runs one job through the Hydra app (embedded pair, bf16, B = 1, greedy, 8 built-in prompts)
-and prints tokens/s of both decoders (median and IQR over prompts), the paired speedup with
-a bootstrap CI, and C_d / C_t / C_o as shares of round time — all from the stored rows.
+and prints tokens/s of both decoders (median and IQR over prompts), the latency speedup
+(`specbench.analysis.speedup.latency_speedup`: end to end and decode phase, exact CI of the
+median, n), and C_d / C_t / C_o as shares of round time — all from the stored rows.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
+from specbench.analysis.speedup import latency_speedup
 from specbench.bench.runstore import load_sweep
 
 
@@ -51,21 +52,15 @@ def main() -> None:
     for dec in ("autoregressive", "speculative"):
         q1, med, q3 = np.percentile(by[dec], [25, 50, 75])
         print(f"{dec:>15}: {med:6.1f} tok/s (IQR {q1:.1f}-{q3:.1f}) over {len(by)} prompts")
-    ratio = (by.speculative / by.autoregressive).to_numpy()
-    ci = stats.bootstrap((ratio,), np.median, confidence_level=0.95, random_state=0).confidence_interval
-    print(
-        f"speedup (median of paired per-prompt ratios): {np.median(ratio):.2f}x  95% CI [{ci.low:.2f}, {ci.high:.2f}]"
-    )
-    # Decode phase only: prefill (the target's and the draft's) is in TTFT and left out.
-    req["decode_tps"] = (req.new_tokens - 1) / (req.wall_time - req.ttft)
-    dec = req.pivot_table(index=["prompt_id", "repeat"], columns="decoder", values="decode_tps")
-    d_ratio = (dec.speculative / dec.autoregressive).to_numpy()
-    d_ci = stats.bootstrap((d_ratio,), np.median, confidence_level=0.95, random_state=0).confidence_interval
-    print(
-        f"decode-phase speedup: {np.median(d_ratio):.2f}x  95% CI [{d_ci.low:.2f}, {d_ci.high:.2f}]; "
-        f"median TTFT {req[req.decoder == 'autoregressive'].ttft.median() * 1e3:.0f} ms (AR) vs "
-        f"{req[req.decoder == 'speculative'].ttft.median() * 1e3:.0f} ms (spec: draft prefill included)"
-    )
+    # The one definition of the latency speedup (specbench.analysis.speedup), end to end and decode phase.
+    for basis, what in (("wall", "end to end"), ("decode", "decode phase (TTFT left out)")):
+        (row,) = latency_speedup(req, [], basis=basis).to_dict("records")
+        print(
+            f"latency speedup, {what}: {row['latency_speedup']:.2f}x "
+            f"95% CI [{row['latency_speedup_lo']:.2f}, {row['latency_speedup_hi']:.2f}] n={row['n_prompts']}"
+        )
+    ttft = req.groupby("decoder").ttft.median() * 1e3
+    print(f"median TTFT {ttft['autoregressive']:.0f} ms (AR) vs {ttft['speculative']:.0f} ms (speculative)")
     spec = rounds[rounds.decoder == "speculative"].drop_duplicates(["prompt_id", "repeat", "round"])
     total = spec.t_round.sum()
     print(
