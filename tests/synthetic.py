@@ -47,6 +47,7 @@ def synthetic_sweep(
     seed: int = 0,
     context_tokens: Sequence[int] | None = None,
     kv_column_bytes: int = 23040,
+    draft_prefill: float = 0.0,
 ) -> dict[str, pd.DataFrame]:
     """Simulated sweep with known parameters, in the raw row schema (for tests and demos).
 
@@ -59,6 +60,8 @@ def synthetic_sweep(
     context_tokens: run every job once per level, each prompt padded to that many tokens (a context
     sweep; job names gain `_c<level>`). Request rows carry `kv_bytes_target` / `kv_bytes_draft`:
     the batch's padded width (+ γ columns a speculative row may hold past its end) × kv_column_bytes.
+    draft_prefill: seconds per prompt token of the draft's prefill, which the speculative decoder pays
+    after TTFT and before its first round (in `wall_time`, in no round; `t_draft_prefill`).
     Speculative and AR runs of each prompt batch are interleaved and paired.
     Returns {"rounds", "requests", "ct"} DataFrames.
     """
@@ -124,7 +127,8 @@ def synthetic_sweep(
                             finish = np.zeros(n)
                             nrounds = np.zeros(n, int)
                             ttft = 0.002 + 2e-5 * plen.sum() * (1.3 if gg else 1.0)
-                            t, r = 0.0, 0
+                            t_prefill = draft_prefill * float(plen.sum()) if gg else 0.0
+                            t, r = t_prefill, 0
                             while True:
                                 act = np.nonzero(gen < new_tokens)[0]
                                 if len(act) == 0:
@@ -181,6 +185,7 @@ def synthetic_sweep(
                                         "rounds": int(nrounds[i]),
                                         "wall_time": ttft + finish[i],
                                         "ttft": ttft,
+                                        "t_draft_prefill": t_prefill,
                                         "finished_by": "max_new_tokens",
                                         **keys,
                                         "prompt_id": f"{wl}-{ids[i]}",

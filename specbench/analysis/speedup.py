@@ -49,14 +49,19 @@ def predict_speedup(
     model: str = "positional",
     context_len: float | None = None,
     decode_tokens: int | None = None,
+    draft_prefill: float = 0.0,
 ) -> pd.DataFrame:
     """What-if decode speedup: α_i from one profile, costs from another (e.g. a GPU timing profile).
 
     `decode_tokens`: tokens a request decodes after its first (max_new_tokens − 1); the last
     round of each request commits only what fits, so tokens per round fall below E[N] at short
-    outputs (None: no truncation). Columns: gamma, accept_length (E[N] of `model`),
-    accept_length_single, accept_length_positional, tokens_per_round, c_d, c_t (at k = γ+1),
-    c_o, c_t1, t_round, predicted_speedup, ideal_speedup. With `context_len`, the
+    outputs (None: no truncation). `draft_prefill`: seconds the draft's prefill takes in the
+    decode phase (after the first token, before the first round; `t_draft_prefill` on request
+    rows); with `decode_tokens` it is spread over the request's expected rounds, as `c_prefill`
+    per round (without, a long request amortises it to nothing). Columns: gamma, accept_length
+    (E[N] of `model`), accept_length_single, accept_length_positional, tokens_per_round, c_d,
+    c_t (at k = γ+1), c_o, c_prefill, c_t1, t_round, predicted_speedup, ideal_speedup (C_o = 0;
+    the draft's prefill is a cost, not overhead, and stays). With `context_len`, the
     context-length variant of the timings is used (if the timing profile has one).
     """
     rows = []
@@ -69,6 +74,8 @@ def predict_speedup(
         ctv = timing.c_t(g + 1, context_len)
         co = timing.c_o(g)
         ct1 = timing.c_t1(context_len)
+        # One request = decode_tokens / tokens_per_round rounds: its draft prefill, per round.
+        cp = draft_prefill * tpr / decode_tokens if decode_tokens and draft_prefill > 0 else 0.0
         rows.append(
             {
                 "gamma": g,
@@ -79,10 +86,11 @@ def predict_speedup(
                 "c_d": cd,
                 "c_t": ctv,
                 "c_o": co,
+                "c_prefill": cp,
                 "c_t1": ct1,
-                "t_round": cd + ctv + co,
-                "predicted_speedup": speedup_formula(tpr, ct1, cd, ctv, co),
-                "ideal_speedup": ideal_speedup(tpr, ct1, cd, ctv),
+                "t_round": cd + ctv + co + cp,
+                "predicted_speedup": speedup_formula(tpr, ct1, cd, ctv, co + cp),
+                "ideal_speedup": speedup_formula(tpr, ct1, cd, ctv, cp),
             }
         )
     return pd.DataFrame(rows)

@@ -48,6 +48,17 @@ def decode_budget(requests: pd.DataFrame, keys: dict) -> int | None:
     return int(round(float(np.median(n)))) if len(n) else None
 
 
+def draft_prefill_time(requests: pd.DataFrame, keys: dict) -> float:
+    """Median seconds of the draft's prefill (`t_draft_prefill`) over the speculative requests matching
+    `keys`: a cost of the decode phase that no round carries (0 when unrecorded: older rows, hf_assisted)."""
+    if "t_draft_prefill" not in requests.columns:
+        return 0.0
+    spec = requests[(decoder_column(requests) != AUTOREGRESSIVE) & match_rows(requests, keys)]
+    t = spec["t_draft_prefill"].to_numpy(float)
+    t = t[np.isfinite(t)]
+    return float(np.median(t)) if len(t) else 0.0
+
+
 def _measured(requests, keys, measured) -> pd.DataFrame:
     """The decode-basis latency speedup per setting and γ: `measured` if given (computed once per report)."""
     if measured is not None:
@@ -68,6 +79,7 @@ def speedup_vs_model(
     setting and γ setting. Profiles are fitted on all rows of the setting; `measured`: a
     precomputed `latency_speedup(requests, keys + ['gamma'], basis='decode')`.
 
+    The draft's prefill (`draft_prefill_time`) is charged to the decode phase, as it is measured.
     Columns: keys + [gamma, latency_speedup, latency_speedup_lo, latency_speedup_hi, n_prompts,
     decode_tokens, predicted_speedup, predicted_single, ideal_speedup, rel_error, model_gamma,
     model_speedup] (rel_error = predicted/measured − 1; model_gamma = the model-optimal γ over
@@ -78,12 +90,15 @@ def speedup_vs_model(
     meas = _measured(requests, keys, measured)
     out = []
     for kd, acc, tim in fit_setting_profiles(rounds, ct, keys):
-        gopt, sopt = optimal_gamma(acc, tim, gamma_max, decode_tokens=decode_budget(requests, kd))
+        prefill = draft_prefill_time(requests, kd)
+        gopt, sopt = optimal_gamma(
+            acc, tim, gamma_max, decode_tokens=decode_budget(requests, kd), draft_prefill=prefill
+        )
         for _, r in meas[match_rows(meas, kd)].iterrows():
             g = int(r["gamma"])
             budget = decode_budget(requests, {**kd, "gamma": g})
-            p = predict_speedup(acc, tim, [g], decode_tokens=budget).iloc[0]
-            ps = predict_speedup(acc, tim, [g], model="single", decode_tokens=budget).iloc[0]
+            p = predict_speedup(acc, tim, [g], decode_tokens=budget, draft_prefill=prefill).iloc[0]
+            ps = predict_speedup(acc, tim, [g], model="single", decode_tokens=budget, draft_prefill=prefill).iloc[0]
             out.append(
                 {
                     **kd,
@@ -156,7 +171,12 @@ def leave_one_out(
             tim = TimingProfile.from_rounds(train, ct_train, context=context)
             L = float(round_level(held)["context_len"].mean()) if context else None
             budget = decode_budget(requests, {**kd, "gamma": g})
-            p = predict_speedup(acc, tim, [g], model=model, context_len=L, decode_tokens=budget).iloc[0]
+            # The draft's prefill does not depend on γ: taken from the other γ jobs' requests.
+            trained = requests[~match_rows(requests, {"gamma": g})] if "gamma" in requests.columns else requests
+            prefill = draft_prefill_time(trained, kd)
+            p = predict_speedup(
+                acc, tim, [g], model=model, context_len=L, decode_tokens=budget, draft_prefill=prefill
+            ).iloc[0]
             r = m.iloc[0]
             out.append(
                 {

@@ -44,6 +44,7 @@ class _Batch:
     finish_mark: dict[int, int] = field(default_factory=dict)
     rounds_of: dict[int, int] = field(default_factory=dict)
     kv_bytes: dict[int, tuple[int, int]] = field(default_factory=dict)  # row -> (target, draft) KV bytes at its end
+    draft_ready_mark: int | None = None  # timer mark after the draft's prefill (None: no draft, the baseline)
     vocab_size: int = 0  # set at prefill: the size of the processors' context
 
     def context(
@@ -119,10 +120,13 @@ def _start(
     batch.stamp(first_mark)
     if draft is not None:
         draft.prefill(batch.seqs)
+        batch.draft_ready_mark = timer.mark()
     return batch, start, first_mark
 
 
 def _requests(batch: _Batch, seconds: list[float], start: int, first_mark: int) -> list[RequestRecord]:
+    ready = batch.draft_ready_mark
+    draft_prefill = 0.0 if ready is None else seconds[ready] - seconds[first_mark]
     return [
         RequestRecord(
             row=row,
@@ -135,6 +139,7 @@ def _requests(batch: _Batch, seconds: list[float], start: int, first_mark: int) 
             first_chunk_tokens=1,  # the target's prefill delivers one token
             kv_bytes_target=batch.kv_bytes[row][0],
             kv_bytes_draft=batch.kv_bytes[row][1],
+            t_draft_prefill=draft_prefill,
         )
         for row in range(len(batch.seqs))
     ]

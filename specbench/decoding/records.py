@@ -11,7 +11,8 @@ several tokens at once (hf_assisted's first chunk is its first round's accepted 
 tokens): `first_chunk_tokens` counts them, so the decode phase has
 `new_tokens - first_chunk_tokens` tokens in `wall_time - ttft` seconds (dividing by
 `new_tokens - 1` would over-count it). specbench's decoders deliver one token first
-(the target's prefill samples it) and prefill the draft afterwards, in the decode phase.
+(the target's prefill samples it) and prefill the draft afterwards, in the decode phase:
+`t_draft_prefill` records how long that took (the cost model charges it to the decode phase).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ class RequestRecord:
     # (n-gram draft, the baseline's draft); NaN where the producer cannot see the cache.
     kv_bytes_target: float = math.nan
     kv_bytes_draft: float = math.nan
+    # Seconds the draft's prefill took, after TTFT and before the first round: part of the decode
+    # phase, in no round's times. 0 for the baseline; NaN where the producer cannot see it
+    # (hf_assisted: its assistant prefills inside its first round, in TTFT).
+    t_draft_prefill: float = math.nan
 
 
 REQUEST_COLUMNS = [f.name for f in fields(RequestRecord)]
