@@ -119,6 +119,22 @@ def speedup_verdict(lo: float, hi: float) -> str:
     return "not significant"
 
 
+def best_to_deploy(table: pd.DataFrame, metric: str, tie: str | None = "gamma") -> object:
+    """Index of the row to deploy from candidates with `metric`, `metric_lo`, `metric_hi` columns: the
+    best point estimate among the rows that are measurably faster (`speedup_verdict` 'faster'), or,
+    when none is, the best point estimate overall (whose verdict then says "off"). Ties go to the
+    smaller `tie` (γ: less draft work). A γ that is measurably faster is never passed over for one
+    whose estimate is a hair higher but whose CI includes 1."""
+    values = pd.to_numeric(table[metric], errors="coerce")
+    cand = table[np.isfinite(values.to_numpy(float))]
+    if cand.empty:
+        raise ValueError(f"best_to_deploy: no finite {metric!r} among {len(table)} rows")
+    faster = [speedup_verdict(lo, hi) == "faster" for lo, hi in zip(cand[f"{metric}_lo"], cand[f"{metric}_hi"])]
+    pool = cand[faster] if any(faster) else cand
+    order = [metric, tie] if tie and tie in pool.columns else [metric]
+    return pool.sort_values(order, ascending=[False, True][: len(order)], kind="stable").index[0]
+
+
 def deploy_label(gamma: int, lo: float, hi: float) -> str:
     """What to deploy for a measured best γ: `γ=<g>` when it is faster, else `off` (plain decoding)."""
     return f"γ={int(gamma)}" if speedup_verdict(lo, hi) == "faster" else "off"

@@ -9,6 +9,7 @@ import pandas as pd
 from specbench.analysis.acceptance import AcceptanceProfile
 from specbench.analysis.rows import add_gamma_setting, group_keys, iter_groups, setting_rows, spec_rows
 from specbench.analysis.speedup import (
+    best_to_deploy,
     deploy_label,
     latency_speedup,
     optimal_gamma,
@@ -133,7 +134,8 @@ def recommendations(
     measured: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Per `by` (plus target/sampling/hardware/dtype if they vary): the measured best
-    (decoder, draft, γ) by median end-to-end latency speedup, its CI and n, a verdict
+    (decoder, draft, γ) by median end-to-end latency speedup — the best measurably faster one
+    when any is (`best_to_deploy`) —, its CI and n, a verdict
     ('faster' if the CI lies above 1, 'slower' if below, else 'not significant'), and the
     truncation-aware cost model's optimal γ for that draft with its predicted decode speedup.
     `deploy` is 'off' (γ = 0, plain decoding) unless the best is measurably faster.
@@ -149,7 +151,7 @@ def recommendations(
     for kd, sub in iter_groups(meas, by):
         if sub["latency_speedup"].isna().all():
             continue
-        best = sub.loc[sub["latency_speedup"].idxmax()]
+        best = sub.loc[best_to_deploy(sub, "latency_speedup")]
         lo, hi = best["latency_speedup_lo"], best["latency_speedup_hi"]
         verdict = speedup_verdict(lo, hi)
         sel = {**kd, **{k: best[k] for k in choice if k != "gamma"}}

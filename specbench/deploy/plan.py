@@ -69,7 +69,7 @@ def write_deployment(
     metric = schedules[0].metric if schedules else "?"
     note = (
         f"Speedups: paired against plain decoding, {metric}; CI: {MEDIAN_CI_METHOD}, 95%. "
-        "γ per batch size: best point estimate, off when its CI includes 1.\n\n"
+        "γ per batch size: the best measurably faster γ (whole CI above 1), else off.\n\n"
     )
     paths = [out_dir / "schedule.md", out_dir / "schedule.csv", out_dir / "schedule.json"]
     paths[0].write_text("# γ schedule\n\n" + note + schedule_markdown(schedules), encoding="utf-8")

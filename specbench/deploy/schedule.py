@@ -1,9 +1,10 @@
 """A γ schedule per batch size, with speculation OFF as a choice, from measured speedups with CIs.
 
-Rule (per setting and batch size): take the γ with the best point estimate of the speedup;
-keep it only if its whole CI lies above 1 (`analysis.speedup.speedup_verdict`) — when the best one's CI includes 1, or its estimate
-is at or below 1, or it has no CI, the choice is "off" (γ = 0, plain decoding, speedup 1 by
-definition). Ties go to off; ties between γ go to the smaller γ (less draft work, same gain).
+Rule (per setting and batch size, `analysis.speedup.best_to_deploy`): among the γ whose whole CI
+lies above 1 (`analysis.speedup.speedup_verdict` 'faster'), take the best point estimate; when no γ
+is measurably faster — every CI includes 1, or lies below it, or is missing — the choice is "off"
+(γ = 0, plain decoding, speedup 1 by definition), and the best point estimate is shown as the
+evidence. Ties with 1 go to off; ties between γ go to the smaller γ (less draft work, same gain).
 Consecutive batch sizes with the same choice merge into ranges.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from specbench.analysis.speedup import speedup_verdict
+from specbench.analysis.speedup import best_to_deploy, speedup_verdict
 
 OFF = 0  # γ of "no speculation"
 # Setting columns a schedule is kept apart by (present ones are used).
@@ -38,7 +39,7 @@ class Choice:
     speedup: float  # of the chosen γ; 1.0 when off
     lo: float
     hi: float
-    best_gamma: int  # the γ with the best point estimate (0 if none measured), chosen or not
+    best_gamma: int  # the chosen γ, or when off the γ with the best point estimate (0 if none measured)
     best_speedup: float
     best_lo: float
     best_hi: float
@@ -123,13 +124,13 @@ class Schedule:
 
 
 def choose_gamma(rows: pd.DataFrame, metric: str, batch_size: int) -> Choice:
-    """The choice at one batch size from its rows (one per γ): best γ if its CI is wholly above 1, else off."""
+    """The choice at one batch size from its rows (one per γ): the best measurably faster γ, else off."""
     col, col_lo, col_hi = speedup_columns(metric)
     cand = rows[rows["gamma"] > OFF]
     cand = cand[np.isfinite(pd.to_numeric(cand[col], errors="coerce").to_numpy(float))]
     if cand.empty:
         return Choice(batch_size, OFF, 1.0, 1.0, 1.0, OFF, math.nan, math.nan, math.nan, "no speculative measurement")
-    best = cand.sort_values([col, "gamma"], ascending=[False, True], kind="stable").iloc[0]
+    best = cand.loc[best_to_deploy(cand, col)]
     g, s, lo, hi = int(best["gamma"]), float(best[col]), float(best[col_lo]), float(best[col_hi])
     evidence = (g, s, lo, hi)
     if speedup_verdict(lo, hi) == "faster":

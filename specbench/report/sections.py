@@ -245,7 +245,8 @@ def build_sections(d: ReportData, save, deploy_links: list[str] = ()) -> tuple[l
     s = Section(
         "Recommendations",
         text=[
-            "Best measured setting per workload and batch size (largest median end-to-end latency speedup). verdict: "
+            "Best measured setting per workload and batch size (largest median end-to-end latency speedup among "
+            "the measurably faster ones, when any is). verdict: "
             "'faster' if the whole 95% CI lies above 1×. model γ*: the cost model's optimal γ for that draft "
             f"(1..{d.gamma_max}) at the requests' decode length, and its predicted decode speedup."
         ],
