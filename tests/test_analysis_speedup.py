@@ -278,31 +278,26 @@ def test_model_charges_the_draft_prefill_to_the_decode_phase(new_tokens):
     # The draft's prefill runs after the first token (TTFT = first token to the user) and before
     # the first round, so the measured decode phase pays it while no round carries it: a model
     # that leaves it out is optimistic (here +29% at 32 tokens, +7% at 128). Noise-free, constant α.
-    d = synthetic_sweep(
-        gammas=(4,),
-        alphas={"chat": (0.8,)},
-        n_prompts=200,
-        new_tokens=new_tokens,
-        noise=0,
-        seed=2,
-        prompt_tokens=(100, 100),
-        draft_prefill=1e-3,  # 0.1 s per 100-token prompt
-    )
+    def sweep(draft_prefill: float) -> dict:
+        return synthetic_sweep(
+            gammas=(4,),
+            alphas={"chat": (0.8,)},
+            n_prompts=200,
+            new_tokens=new_tokens,
+            noise=0,
+            seed=2,
+            prompt_tokens=(100, 100),
+            draft_prefill=draft_prefill,
+        )
+
+    d = sweep(1e-3)  # 0.1 s per 100-token prompt
     svm = speedup_vs_model(d["rounds"], d["requests"], d["ct"])
     pairs = paired_requests(d["requests"], basis="decode")
     spec = (pairs["wall_time"] - pairs["ttft"]).sum() / (pairs["new_tokens"] - 1).sum()
     ar = (pairs["ar_wall_time"] - pairs["ar_ttft"]).sum() / (pairs["ar_new_tokens"] - 1).sum()
     assert svm.loc[0, "predicted_speedup"] / (ar / spec) - 1 == pytest.approx(0, abs=0.01)
     # the same sweep without the draft prefill predicts more: the prefill is what the model now charges
-    free = synthetic_sweep(
-        gammas=(4,),
-        alphas={"chat": (0.8,)},
-        n_prompts=200,
-        new_tokens=new_tokens,
-        noise=0,
-        seed=2,
-        prompt_tokens=(100, 100),
-    )
+    free = sweep(0.0)
     assert (
         speedup_vs_model(free["rounds"], free["requests"], free["ct"]).loc[0, "predicted_speedup"]
         > 1.05 * (svm.loc[0, "predicted_speedup"])
