@@ -258,9 +258,7 @@ class Config:
     force: bool = False  # re-run jobs whose results exist
     report: bool = True  # write the sweep report at the end of a multirun
     threads: Optional[int] = None  # torch CPU threads per job (None: torch's default); cores / n_jobs when parallel
-    ct_bench: bool = (
-        True  # once per job: time target forwards over k = 1..16 new tokens (C_t(k)) and the weight-streaming floor
-    )
+    ct_bench: bool = True  # once per job: the C_t(k) micro-benchmark (k = 1..16) and the weight-streaming floor
     tune: TuneConfig = field(default_factory=TuneConfig)  # +tune=gamma: choose γ with Optuna (specbench.tune)
 
     def __post_init__(self) -> None:

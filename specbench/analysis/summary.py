@@ -17,7 +17,7 @@ from specbench.analysis.speedup import (
     throughput_speedup,
 )
 from specbench.analysis.timing import TimingProfile
-from specbench.analysis.validation import decode_budget, draft_prefill_time
+from specbench.analysis.validation import request_terms
 
 SUMMARY_KEYS = ("target", "draft", "decoder", "workload", "sampling", "max_new_tokens", "batch_size", "gamma")
 SUMMARY_VALUES = (
@@ -160,13 +160,7 @@ def recommendations(
         if not spec_rows(rows).empty:
             try:
                 acc, tim = AcceptanceProfile.from_rounds(rows), TimingProfile.from_rounds(rows, ct, context=False)
-                gopt, sopt = optimal_gamma(
-                    acc,
-                    tim,
-                    gamma_max,
-                    decode_tokens=decode_budget(requests, sel),
-                    draft_prefill=draft_prefill_time(requests, sel),
-                )
+                gopt, sopt = optimal_gamma(acc, tim, gamma_max, **request_terms(requests, sel))
             except ValueError:  # mixed timing settings inside this selection
                 pass
         out.append(

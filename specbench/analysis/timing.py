@@ -329,9 +329,9 @@ def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataF
     if floor is None or floor.empty or timing.empty:
         return pd.DataFrame()
     keys = [k for k in FLOOR_KEYS if k in timing.columns and k in floor.columns]
-    per_job = floor.assign(bandwidth=floor["probe_bytes"] / floor["t_stream"])
+    probes = floor.assign(bandwidth=floor["probe_bytes"] / floor["t_stream"])
     bw = (
-        per_job.groupby(keys, dropna=False)
+        probes.groupby(keys, dropna=False)
         .agg(
             bandwidth=("bandwidth", "median"),
             target_weight_bytes=("target_weight_bytes", "max"),

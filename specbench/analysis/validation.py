@@ -39,11 +39,14 @@ def fit_setting_profiles(
     return out
 
 
+def _speculative_requests(requests: pd.DataFrame, keys: dict) -> pd.DataFrame:
+    return requests[(decoder_column(requests) != AUTOREGRESSIVE) & match_rows(requests, keys)]
+
+
 def decode_budget(requests: pd.DataFrame, keys: dict) -> int | None:
     """Median tokens decoded after the first (new_tokens − 1) by the speculative requests
     matching `keys`: the budget the model truncates each request's last round at (None: no requests)."""
-    spec = requests[(decoder_column(requests) != AUTOREGRESSIVE) & match_rows(requests, keys)]
-    n = spec["new_tokens"].to_numpy(float) - 1
+    n = _speculative_requests(requests, keys)["new_tokens"].to_numpy(float) - 1
     n = n[n >= 1]
     return int(round(float(np.median(n)))) if len(n) else None
 
@@ -53,10 +56,15 @@ def draft_prefill_time(requests: pd.DataFrame, keys: dict) -> float:
     `keys`: a cost of the decode phase that no round carries (0 when unrecorded: older rows, hf_assisted)."""
     if "t_draft_prefill" not in requests.columns:
         return 0.0
-    spec = requests[(decoder_column(requests) != AUTOREGRESSIVE) & match_rows(requests, keys)]
-    t = spec["t_draft_prefill"].to_numpy(float)
+    t = _speculative_requests(requests, keys)["t_draft_prefill"].to_numpy(float)
     t = t[np.isfinite(t)]
     return float(np.median(t)) if len(t) else 0.0
+
+
+def request_terms(requests: pd.DataFrame, keys: dict) -> dict:
+    """What the speedup model takes from the measured requests of a selection, as
+    `predict_speedup` / `optimal_gamma` keywords: `decode_tokens` and `draft_prefill`."""
+    return {"decode_tokens": decode_budget(requests, keys), "draft_prefill": draft_prefill_time(requests, keys)}
 
 
 def _measured(requests, keys, measured) -> pd.DataFrame:
@@ -90,21 +98,18 @@ def speedup_vs_model(
     meas = _measured(requests, keys, measured)
     out = []
     for kd, acc, tim in fit_setting_profiles(rounds, ct, keys):
-        prefill = draft_prefill_time(requests, kd)
-        gopt, sopt = optimal_gamma(
-            acc, tim, gamma_max, decode_tokens=decode_budget(requests, kd), draft_prefill=prefill
-        )
+        gopt, sopt = optimal_gamma(acc, tim, gamma_max, **request_terms(requests, kd))
         for _, r in meas[match_rows(meas, kd)].iterrows():
             g = int(r["gamma"])
-            budget = decode_budget(requests, {**kd, "gamma": g})
-            p = predict_speedup(acc, tim, [g], decode_tokens=budget, draft_prefill=prefill).iloc[0]
-            ps = predict_speedup(acc, tim, [g], model="single", decode_tokens=budget, draft_prefill=prefill).iloc[0]
+            terms = request_terms(requests, {**kd, "gamma": g})
+            p = predict_speedup(acc, tim, [g], **terms).iloc[0]
+            ps = predict_speedup(acc, tim, [g], model="single", **terms).iloc[0]
             out.append(
                 {
                     **kd,
                     "gamma": g,
                     **{c: r[c] for c in _MEASURED},
-                    "decode_tokens": budget,
+                    "decode_tokens": terms["decode_tokens"],
                     "predicted_speedup": p["predicted_speedup"],
                     "predicted_single": ps["predicted_speedup"],
                     "ideal_speedup": p["ideal_speedup"],

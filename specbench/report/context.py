@@ -13,7 +13,7 @@ from specbench.analysis.rows import ar_rows, iter_groups, match_rows, round_leve
 from specbench.analysis.speedup import latency_speedup, optimal_gamma
 from specbench.analysis.summary import format_ci
 from specbench.analysis.timing import TimingProfile
-from specbench.analysis.validation import decode_budget, draft_prefill_time
+from specbench.analysis.validation import request_terms
 
 CONTEXT = "context"  # the column this module adds: a job's context level in tokens
 
@@ -68,15 +68,9 @@ def context_table(rounds: pd.DataFrame, requests: pd.DataFrame, ct=None, *, gamm
             a = fit_alpha(spec_rows(sub))
             m = meas[match_rows(meas, {**kd, CONTEXT: level})].dropna(subset=["latency_speedup"])
             best = m.loc[m["latency_speedup"].idxmax()] if len(m) else None
-            sel = {**kd, CONTEXT: level}
-            g_opt, s_opt = optimal_gamma(
-                acc,
-                tim,
-                gamma_max,
-                context_len=L,
-                decode_tokens=decode_budget(requests, sel),
-                draft_prefill=draft_prefill_time(requests, sel),  # grows with the context
-            )
+            # the level's own decode budget and draft prefill (which grows with the context)
+            terms = request_terms(requests, {**kd, CONTEXT: level})
+            g_opt, s_opt = optimal_gamma(acc, tim, gamma_max, context_len=L, **terms)
             out.append(
                 {
                     **kd,
