@@ -98,10 +98,12 @@ def speedup_vs_model(
     meas = _measured(requests, keys, measured)
     out = []
     for kd, acc, tim in fit_setting_profiles(rounds, ct, keys):
-        gopt, sopt = optimal_gamma(acc, tim, gamma_max, **request_terms(requests, kd))
+        setting = request_terms(requests, kd)
+        gopt, sopt = optimal_gamma(acc, tim, gamma_max, **setting)
         for _, r in meas[match_rows(meas, kd)].iterrows():
             g = int(r["gamma"])
-            terms = request_terms(requests, {**kd, "gamma": g})
+            # each γ job's own decode budget; the draft's prefill, which no γ changes, from all of them
+            terms = {**setting, "decode_tokens": decode_budget(requests, {**kd, "gamma": g})}
             p = predict_speedup(acc, tim, [g], **terms).iloc[0]
             ps = predict_speedup(acc, tim, [g], model="single", **terms).iloc[0]
             out.append(
