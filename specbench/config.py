@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from specbench.decoding.records import HF_ASSISTED, SPECULATIVE, SPECULATIVE_DECODERS
+from specbench.decoding.records import HF_ASSISTED, LLAMA_CPP, SPECULATIVE, SPECULATIVE_DECODERS
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.samplers import SAMPLERS
@@ -141,6 +141,49 @@ class WorkloadConfig:
                 )
 
 
+LLAMA_CPP_GGUF_TYPES = ("Q4_1", "Q4_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")  # specbench.llama_cpp.ggufs.TYPES
+LLAMA_CPP_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache")  # drafts with no model
+LLAMA_CPP_DRAFT_SAMPLING = ("greedy", "probabilistic")
+
+
+@dataclass
+class LlamaCppConfig:
+    """decoder=llama_cpp: llama.cpp's llama-server, with and without a draft (`specbench.llama_cpp`).
+
+    target/draft are GGUF types of the embedded model (the shipped Q4_1, or a copy made once with
+    llama-quantize); draft may instead be an n-gram lookup type. γ is --spec-draft-n-max.
+    """
+
+    target: str = "F16"
+    draft: str = "Q4_1"
+    draft_min: int = 0  # --spec-draft-n-min: pinned so every round drafts up to γ
+    draft_p_min: float = 0.0  # --spec-draft-p-min: 0 = never stop a draft early on low confidence
+    draft_sampling: str = "greedy"  # llama.cpp's default: argmax draft, accept while it matches the target's sample
+    threads: Optional[int] = None  # None: the job's `threads`, else every core this process may use
+    ctx_size: int = 4096
+    port: int = 0  # 0: a free port per server
+    startup_timeout: float = 120.0
+    bin_dir: Optional[str] = None  # None: $SPECBENCH_LLAMA_CPP_BIN, the build cache, then PATH
+
+    def __post_init__(self) -> None:
+        _choice("llama_cpp.target", self.target, LLAMA_CPP_GGUF_TYPES)
+        _choice("llama_cpp.draft", self.draft, LLAMA_CPP_GGUF_TYPES + LLAMA_CPP_NGRAM)
+        _choice("llama_cpp.draft_sampling", self.draft_sampling, LLAMA_CPP_DRAFT_SAMPLING)
+        _at_least("llama_cpp.draft_min", self.draft_min, 0)
+        _at_least("llama_cpp.threads", self.threads, 1, nullable=True)
+        _at_least("llama_cpp.ctx_size", self.ctx_size, 64)
+        if not 0.0 <= float(self.draft_p_min) <= 1.0:
+            raise ValueError(f"llama_cpp.draft_p_min={self.draft_p_min!r}: must be in [0, 1]")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"llama_cpp.port={self.port!r}: must be 0 (a free port) or a port number 1..65535")
+        if not float(self.startup_timeout) > 0:
+            raise ValueError(f"llama_cpp.startup_timeout={self.startup_timeout!r}: must be > 0 seconds")
+
+    @property
+    def draft_is_ngram(self) -> bool:
+        return self.draft in LLAMA_CPP_NGRAM
+
+
 @dataclass
 class TuneConfig:
     """`+tune=gamma`: choose γ (and the draft) with Optuna from real paired runs (`specbench.tune`).
@@ -242,7 +285,7 @@ class Config:
     draft: DraftConfig = field(default_factory=DraftConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
-    decoder: str = SPECULATIVE  # speculative (specbench's decoder) | hf_assisted (transformers')
+    decoder: str = SPECULATIVE  # speculative (specbench's) | hf_assisted (transformers') | llama_cpp
     # More decoders interleaved in the same job (same prompts, seeds, alternating order): a fair
     # comparison between decoders, free of the drift between jobs. E.g. [hf_assisted].
     extra_decoders: list[str] = field(default_factory=list)
@@ -260,6 +303,7 @@ class Config:
     threads: Optional[int] = None  # torch CPU threads per job (None: torch's default); cores / n_jobs when parallel
     ct_bench: bool = True  # once per job: the C_t(k) micro-benchmark (k = 1..16) and the weight-streaming floor
     tune: TuneConfig = field(default_factory=TuneConfig)  # +tune=gamma: choose γ with Optuna (specbench.tune)
+    llama_cpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # decoder=llama_cpp's engine settings
 
     def __post_init__(self) -> None:
         _choice("decoder", self.decoder, SPECULATIVE_DECODERS)
@@ -293,7 +337,23 @@ class Config:
             from specbench.decoding.hf_assisted import check_sampling
 
             check_sampling(self.sampling.build(), set())  # settings transformers cannot apply
+        if LLAMA_CPP in self.all_decoders:
+            self._check_llama_cpp()
         self.tune.check(self)
+
+    def _check_llama_cpp(self) -> None:
+        if self.batch_size != 1:
+            raise ValueError(f"batch_size={self.batch_size}: decoder='llama_cpp' supports batch_size=1 only")
+        if self.pair.target.source != "embedded" or self.pair.target.shape:
+            raise ValueError(
+                f"pair.target.source={self.pair.target.source!r}: decoder='llama_cpp' runs GGUF copies of the "
+                "embedded model; use pair=embedded"
+            )
+        if self.tune.enabled:
+            raise ValueError("tune.enabled=true with decoder='llama_cpp': the tuner measures specbench's decoders only")
+        from specbench.llama_cpp.decoder import check_sampling
+
+        check_sampling(self.sampling.build())
 
     @property
     def all_decoders(self) -> list[str]:

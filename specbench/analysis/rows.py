@@ -3,8 +3,8 @@
 
 Conventions
 -----------
-* **Rows.** "Speculative rows" are round rows of any non-autoregressive decoder with
-  ``gamma > 0``; "AR rows" are rows of ``decoder == "autoregressive"``.
+* **Rows.** "Speculative rows" are round rows of any decoder but the plain baselines
+  (`BASELINES`) with ``gamma > 0``; "AR rows" are rows of ``decoder == "autoregressive"``.
 * **γ of a row vs γ of a job.** Acceptance and E[N] are keyed by the *row's* ``gamma``
   (tokens actually drafted that round). Speedups are per *job*; a job's γ setting
   (``gamma_setting`` on round rows, ``gamma`` on request rows, see :func:`add_gamma_setting`)
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from specbench.decoding.records import AUTOREGRESSIVE, SPECULATIVE
+from specbench.decoding.records import AUTOREGRESSIVE, BASELINES, SPECULATIVE
 
 # Keys that identify what an acceptance profile depends on (not hardware or batch).
 ACCEPTANCE_KEYS = ("target", "draft", "decoder", "workload", "sampling")
@@ -104,12 +104,12 @@ def decode_phase(requests: pd.DataFrame, prefix: str = "") -> tuple[pd.Series, p
 
 
 def spec_rows(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Round rows of speculative decoders (any decoder but autoregressive) with gamma > 0."""
-    return rounds[(decoder_column(rounds) != AUTOREGRESSIVE) & (rounds["gamma"] > 0)]
+    """Round rows of speculative decoders (any decoder but the plain `BASELINES`) with gamma > 0."""
+    return rounds[~decoder_column(rounds).isin(BASELINES) & (rounds["gamma"] > 0)]
 
 
 def ar_rows(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Round rows of the autoregressive baseline."""
+    """Round rows of specbench's autoregressive baseline (the one whose rounds are timed)."""
     return rounds[decoder_column(rounds) == AUTOREGRESSIVE]
 
 

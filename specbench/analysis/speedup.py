@@ -20,7 +20,7 @@ from specbench.analysis.acceptance import AcceptanceProfile
 from specbench.analysis.rows import SETTING_KEYS, decode_phase, decoder_column, group_keys, iter_groups
 from specbench.analysis.stats import median_ci
 from specbench.analysis.timing import TimingProfile
-from specbench.decoding.records import AUTOREGRESSIVE, SPECULATIVE
+from specbench.decoding.records import AUTOREGRESSIVE, BASELINE_OF, BASELINES, SPECULATIVE
 
 BASES = ("wall", "decode")
 _BATCH_ID = ("job", "decoder", "repeat", "batch")
@@ -140,12 +140,13 @@ def deploy_label(gamma: int, lo: float, hi: float) -> str:
     return f"γ={int(gamma)}" if speedup_verdict(lo, hi) == "faster" else "off"
 
 
-def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str = AUTOREGRESSIVE) -> pd.DataFrame:
-    """Pair each speculative request with the AR request of the same job/prompt_id/repeat.
+def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str | None = None) -> pd.DataFrame:
+    """Pair each speculative request with the baseline request of the same job/prompt_id/repeat.
 
-    `baseline` names the decoder the others are divided by: the autoregressive baseline, or another
-    decoder run in the same job (`extra_decoders`), e.g. 'hf_assisted' for specbench vs transformers;
-    the "ar_" columns then hold that decoder's figures.
+    `baseline` None: each decoder's own engine's plain decoder (`BASELINE_OF`: specbench's
+    autoregressive for speculative and hf_assisted, llama.cpp's for llama_cpp). Otherwise the name of
+    another decoder run in the same job (`extra_decoders`), e.g. 'hf_assisted' for specbench vs
+    transformers; the "ar_" columns then hold that decoder's figures.
 
     basis 'wall': time per token = wall_time / new_tokens (end to end, prefill included);
     basis 'decode': (wall_time − ttft) / (new_tokens − first_chunk_tokens) (decode phase only,
@@ -158,12 +159,20 @@ def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str =
     on = [c for c in ("job", "prompt_id", "repeat") if c in requests.columns]
     if not on:
         raise ValueError("requests need job/prompt_id/repeat columns to pair decoders")
-    sp = requests[(dec != AUTOREGRESSIVE) & (dec != baseline)]
+    plain = dec.isin(BASELINES)
+    sp = requests[~plain & (dec != baseline)]
     timed = [c for c in ("new_tokens", "wall_time", "ttft", "first_chunk_tokens") if c in requests.columns]
-    ar = requests[dec == baseline][on + timed]
-    if ar.duplicated(on).any():
-        raise ValueError(f"several AR requests share {on}; cannot pair them unambiguously")
-    m = sp.merge(ar.rename(columns={c: f"ar_{c}" for c in timed}), on=on, how="inner")
+    if baseline is None:  # each decoder over its own engine's plain decoder
+        sp = sp.assign(_baseline=decoder_column(sp).map(BASELINE_OF).fillna(AUTOREGRESSIVE))
+        ar = requests[plain][on + timed].assign(_baseline=dec[plain])
+        keys = on + ["_baseline"]
+    else:
+        ar, keys = requests[dec == baseline][on + timed], on
+    if ar.duplicated(keys).any():
+        raise ValueError(f"several baseline requests share {keys}; cannot pair them unambiguously")
+    m = sp.merge(ar.rename(columns={c: f"ar_{c}" for c in timed}), on=keys, how="inner").drop(
+        columns="_baseline", errors="ignore"
+    )
 
     def tpt(prefix: str) -> pd.Series:
         if basis == "wall":
@@ -179,7 +188,7 @@ def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str =
 
 
 def latency_speedup(
-    requests: pd.DataFrame, by=None, *, basis: str = "wall", confidence: float = 0.95, baseline: str = AUTOREGRESSIVE
+    requests: pd.DataFrame, by=None, *, basis: str = "wall", confidence: float = 0.95, baseline: str | None = None
 ) -> pd.DataFrame:
     """Measured per-request (latency) speedup per group: median over prompts of the per-prompt
     paired ratio (geometric mean over repeats), exact order-statistic CI over prompts.
@@ -187,7 +196,7 @@ def latency_speedup(
     `requests` needs a `gamma` column to group by γ (see `add_gamma_setting`). Columns: by +
     [latency_speedup, latency_speedup_lo, latency_speedup_hi, n_prompts, n_pairs, spec_tok_s,
     ar_tok_s] (tok/s = Σ new tokens / Σ wall time over the pairs: a per-request rate; "ar" is
-    `baseline`, the autoregressive decoder unless another decoder of the same job is named).
+    `baseline`: the decoder's own engine's plain decoder unless another decoder of the job is named).
     """
     pairs = paired_requests(requests, basis, baseline)
     keys = group_keys(pairs, by, (*SETTING_KEYS, "gamma"))
@@ -225,7 +234,7 @@ def head_to_head(requests: pd.DataFrame, by=None, *, basis: str = "wall", confid
     `decoder` over `versus`, same prompts, seeds and interleaving, so no drift between jobs enters.
     Columns: `latency_speedup` table columns + `versus`; empty with fewer than two such decoders."""
     # specbench's own decoder first: it is the numerator against every other
-    names = sorted(set(decoder_column(requests)) - {AUTOREGRESSIVE}, key=lambda n: (n != SPECULATIVE, n))
+    names = sorted(set(decoder_column(requests)) - set(BASELINES), key=lambda n: (n != SPECULATIVE, n))
     frames = []
     for versus in names[1:]:
         table = latency_speedup(requests, by, basis=basis, confidence=confidence, baseline=versus)
@@ -266,11 +275,14 @@ def throughput_speedup(requests: pd.DataFrame, by=None, *, confidence: float = 0
     """
     bt = batch_throughput(requests)
     on = [c for c in ("job", "repeat", "batch") if c in bt.columns]
-    sp = bt[bt["decoder"] != AUTOREGRESSIVE]
-    ar = bt[bt["decoder"] == AUTOREGRESSIVE][on + ["tokens", "wall", "tok_s"]]
+    plain = bt["decoder"].isin(BASELINES)
+    sp = bt[~plain].assign(_baseline=bt["decoder"][~plain].map(BASELINE_OF).fillna(AUTOREGRESSIVE))
+    ar = bt[plain][on + ["tokens", "wall", "tok_s"]].assign(_baseline=bt["decoder"][plain])
     pairs = sp.merge(
-        ar.rename(columns={"tokens": "ar_tokens", "wall": "ar_wall", "tok_s": "ar_batch_tok_s"}), on=on, how="inner"
-    )
+        ar.rename(columns={"tokens": "ar_tokens", "wall": "ar_wall", "tok_s": "ar_batch_tok_s"}),
+        on=on + ["_baseline"],
+        how="inner",
+    ).drop(columns="_baseline")
     pairs["ratio"] = pairs["tok_s"] / pairs["ar_batch_tok_s"]
     pairs = pairs[np.isfinite(pairs["ratio"]) & (pairs["ratio"] > 0)]
     keys = group_keys(pairs, by, (*SETTING_KEYS, "gamma"))

@@ -28,10 +28,12 @@ from specbench.analysis.rows import (
     round_level,
     spec_rows,
 )
+from specbench.decoding.records import LLAMA_CPP, LLAMA_CT_COLUMNS
 from specbench.analysis.stats import eval_monotone_curve, fit_monotone_curve, linear_fit, robust_lstsq, within_slope
 
 # Columns of a C_t(k) micro-benchmark row that select the timing setting it belongs to.
 CT_KEYS = ("hardware", "dtype", "target", "batch_size")
+LLAMA_CT_KEYS = ("hardware", "dtype", "target", "draft")  # what llama-bench rows are specific to (B = 1 only)
 
 
 @dataclass
@@ -140,6 +142,8 @@ class TimingProfile(JsonFile):
                 )
             if len(vals) == 1:
                 keys[k] = native(vals[0])
+        if keys.get("decoder") == LLAMA_CPP:  # its rounds are not timed: its own llama-bench rows instead
+            return cls.from_llama_bench(ct, keys, n_rounds=len(round_level(sp)))
         rs = full_batch(round_level(sp)) if len(sp) else round_level(sp)
         ra = full_batch(round_level(ar)) if len(ar) else round_level(ar)
 
@@ -201,6 +205,39 @@ class TimingProfile(JsonFile):
             keys=keys,
             n_rounds=int(len(rs) + len(ra)),
             context=ctx,
+        )
+
+    @classmethod
+    def from_llama_bench(cls, ct: pd.DataFrame | None, keys: dict, n_rounds: int = 0) -> TimingProfile:
+        """llama.cpp's costs from its `llama-bench` rows (`llama_ct` tables, `specbench.llama_cpp.costs`;
+        matched on LLAMA_CT_KEYS): C_t(k) = median seconds of `pp k` at the prompts' depth; C_t1 = the
+        target's `tg` seconds per token; C_d(γ) = γ × the draft's (0 for n-gram lookup: no model).
+        C_o = 0: llama.cpp does not time its rounds, so what the model leaves out (sampling, the
+        draft catching up on accepted tokens, the HTTP stream) is the gap to the measured speedup."""
+        rows = ct if ct is not None and "role" in ct.columns else pd.DataFrame(columns=LLAMA_CT_COLUMNS)
+        rows = rows[match_rows(rows, {k: v for k, v in keys.items() if k in LLAMA_CT_KEYS}) & rows["role"].notna()]
+        target, draft = rows[rows["role"] == "target"], rows[rows["role"] == "draft"]
+
+        def per_token(r: pd.DataFrame) -> float:
+            tg = r[(r["n_gen"] > 0) & (r["n_prompt"] == 0)]
+            return float((tg["seconds"] / tg["n_gen"]).median()) if len(tg) else math.nan
+
+        pp = target[(target["n_prompt"] > 0) & (target["n_gen"] == 0)]
+        med = pp.groupby("n_prompt")["seconds"].median()
+        ks, ts = fit_monotone_curve(med.index.to_numpy(int), med.to_numpy(float)) if len(med) else ([], [])
+        no_model = len(target) and not len(draft) and not str(keys.get("draft", "")).startswith("gguf:")
+        return cls(
+            cd_intercept=0.0,
+            cd_per_token=0.0 if no_model else per_token(draft),
+            ct_k=ks,
+            ct_t=ts,
+            co_by_gamma={},
+            co_intercept=0.0,
+            co_per_token=0.0,
+            ct1=per_token(target),
+            ct_source="llama-bench",
+            keys=keys,
+            n_rounds=n_rounds,
         )
 
     # -- serialisation

@@ -21,7 +21,7 @@ from specbench.analysis.rows import (
 )
 from specbench.analysis.speedup import latency_speedup, optimal_gamma, predict_speedup
 from specbench.analysis.timing import TimingProfile
-from specbench.decoding.records import AUTOREGRESSIVE
+from specbench.decoding.records import BASELINES
 
 _MEASURED = ["latency_speedup", "latency_speedup_lo", "latency_speedup_hi", "n_prompts"]
 
@@ -40,7 +40,7 @@ def fit_setting_profiles(
 
 
 def _speculative_requests(requests: pd.DataFrame, keys: dict) -> pd.DataFrame:
-    return requests[(decoder_column(requests) != AUTOREGRESSIVE) & match_rows(requests, keys)]
+    return requests[~decoder_column(requests).isin(BASELINES) & match_rows(requests, keys)]
 
 
 def decode_budget(requests: pd.DataFrame, keys: dict) -> int | None:

@@ -29,6 +29,8 @@ from specbench.bench.protocol import (
 from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
+from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, SPECULATIVE
+from specbench.llama_cpp.servers import JobServers, bench_llama_ct
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.models.pair import Pair, load_pair
 
@@ -110,21 +112,23 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
     keys = job_keys(cfg, pair)
     names = decoders(cfg)
     batches = batches_of(prompts, cfg.batch_size)
-    warm_up(cfg, pair, names, batches)
 
     rounds, requests = [], []
     telemetry = JobTelemetry(str(pair.target.device))
     steps = [(r, i) for r in range(cfg.repeats) for i in range(len(batches))]
-    with PeakMemory(pair.target.device) as peak:
+    with JobServers(cfg, names) as servers, PeakMemory(pair.target.device) as peak:
+        warm_up(cfg, pair, names, batches, servers)
         for repeat, i in tqdm(steps, desc=f"{job_dir.name or 'job'}", unit="batch", leave=False):
-            rd, qd = measure_batch(cfg, pair, keys, names, i, batches[i], repeat, telemetry)
+            rd, qd = measure_batch(cfg, pair, keys, names, i, batches[i], repeat, telemetry, servers)
             rounds.append(rd)
             requests.append(qd)
     runstore.write_table(job_dir, "rounds", pd.concat(rounds, ignore_index=True))
     runstore.write_table(job_dir, "requests", pd.concat(requests, ignore_index=True).assign(**peak.record))
-    if cfg.ct_bench:
+    if cfg.ct_bench and any(n in (AUTOREGRESSIVE, SPECULATIVE, HF_ASSISTED) for n in names):
         runstore.write_table(job_dir, "ct", bench_ct(cfg, pair, keys, prompts, CT_KS))
         runstore.write_table(job_dir, "floor", bench_floor(pair, keys))
+    if cfg.ct_bench and servers.names:
+        runstore.write_table(job_dir, "llama_ct", bench_llama_ct(cfg, keys, prompts, CT_KS))
     meta = telemetry.write(job_dir)
     runstore.mark_done(
         job_dir,

@@ -25,7 +25,17 @@ from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
 from specbench.decoding.decoder import DecodeResult, autoregressive_decode, speculative_decode
 from specbench.decoding.kvcache import CachedLM
-from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
+from specbench.decoding.records import (
+    AUTOREGRESSIVE,
+    BASELINE_OF,
+    BASELINES,
+    HF_ASSISTED,
+    LLAMA_CPP,
+    LLAMA_CPP_AUTOREGRESSIVE,
+    REQUEST_COLUMNS,
+    ROUND_COLUMNS,
+    to_frame,
+)
 from specbench.decoding.timing import PhaseTimer
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.models.pair import Pair
@@ -55,15 +65,28 @@ def batch_seed(seed: int, repeat: int, batch: int) -> int:
 
 
 def decoders(cfg: Config, baseline: bool | None = None) -> list[str]:
-    """Decoders a job runs, baseline first: [autoregressive, cfg.decoder, *cfg.extra_decoders]
-    (without the baseline when it is off).
+    """Decoders a job runs, baselines first: each engine's plain decoder (`BASELINE_OF`: specbench's
+    autoregressive for speculative and hf_assisted, llama.cpp's for llama_cpp), then cfg.decoder and
+    *cfg.extra_decoders (without the baselines when `baseline` is off).
 
-    γ = 0 is "speculation off": the plain decoder alone (its speedup over itself is 1 by definition).
+    γ = 0 is "speculation off": the plain decoders alone (a speedup over itself is 1 by definition).
     """
+    bases = list(dict.fromkeys(BASELINE_OF[d] for d in cfg.all_decoders))
     if cfg.gamma == 0:
-        return [AUTOREGRESSIVE]
+        return bases
     with_ar = cfg.baseline if baseline is None else baseline
-    return [AUTOREGRESSIVE, *cfg.all_decoders] if with_ar else cfg.all_decoders
+    return [*bases, *cfg.all_decoders] if with_ar else cfg.all_decoders
+
+
+def decoder_keys(cfg: Config, name: str) -> dict:
+    """Job keys that differ for one decoder: llama.cpp's rows name its GGUF types, not the torch pair's."""
+    if name not in (LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE):
+        return {}
+    lc = cfg.llama_cpp
+    keys = {"dtype": f"gguf:{lc.target}"}
+    if name == LLAMA_CPP:
+        keys |= {"draft": lc.draft if lc.draft_is_ngram else f"gguf:{lc.draft}", "draft_kind": "llama_cpp"}
+    return keys
 
 
 def decoder_order(names: list[str], repeat: int, batch: int) -> list[str]:
@@ -112,10 +135,17 @@ def label_rows(df: pd.DataFrame, batch: list[EncodedPrompt], keys: dict, extra: 
 
 
 def decode_batch(
-    cfg: Config, pair: Pair, decoder: str, ids: list[list[int]], seed: int, max_new_tokens: int
+    cfg: Config, pair: Pair, decoder: str, ids: list[list[int]], seed: int, max_new_tokens: int, servers=None
 ) -> DecodeResult:
-    """One batch with one decoder; every decoder gets the same seed for the same batch."""
+    """One batch with one decoder; every decoder gets the same seed for the same batch.
+    `servers`: the job's running llama-servers (`specbench.llama_cpp.servers.JobServers`)."""
     sampling = cfg.sampling.build()
+    if decoder in (LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE):
+        from specbench.llama_cpp.decoder import llama_cpp_decode
+
+        if servers is None:
+            raise ValueError(f"decoder={decoder!r} needs the job's llama-servers (JobServers)")
+        return llama_cpp_decode(servers[decoder], ids, sampling, max_new_tokens, seed)
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
     timer = PhaseTimer(pair.target.device)
     if decoder == AUTOREGRESSIVE:
@@ -131,13 +161,14 @@ def decode_batch(
     )
 
 
-def warm_up(cfg: Config, pair: Pair, names: list[str], batches: list[list[EncodedPrompt]]) -> float:
+def warm_up(cfg: Config, pair: Pair, names: list[str], batches: list[list[EncodedPrompt]], servers=None) -> float:
     """Decode the first `cfg.warmup` batches with every decoder (allocator, kernels, caches); never
     recorded. Returns the seconds it took (Σ batch walls)."""
     seconds = 0.0
     for b in batches[: cfg.warmup]:
         for name in names:
-            r = decode_batch(cfg, pair, name, [p.ids for p in b], cfg.seed, min(WARMUP_TOKENS, cfg.max_new_tokens))
+            tokens = min(WARMUP_TOKENS, cfg.max_new_tokens)
+            r = decode_batch(cfg, pair, name, [p.ids for p in b], cfg.seed, tokens, servers)
             seconds += max((q.wall_time for q in r.requests), default=0.0)
     return seconds
 
@@ -151,6 +182,7 @@ def measure_batch(
     batch: list[EncodedPrompt],
     repeat: int,
     telemetry: JobTelemetry,
+    servers=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One measured (repeat, batch): every decoder in alternating order, same seed, under telemetry.
     Returns labelled (round rows, request rows)."""
@@ -159,12 +191,13 @@ def measure_batch(
     rounds, requests = [], []
     for name in decoder_order(names, repeat, index):
         result = telemetry.run(
-            functools.partial(decode_batch, cfg, pair, name, ids, seed, cfg.max_new_tokens),
+            functools.partial(decode_batch, cfg, pair, name, ids, seed, cfg.max_new_tokens, servers),
             decoder=name,
             repeat=repeat,
             batch=index,
         )
-        extra = {"decoder": name, "repeat": repeat, "batch": index, "gamma": cfg.gamma if name != AUTOREGRESSIVE else 0}
+        gamma = 0 if name in BASELINES else cfg.gamma
+        extra = {**decoder_keys(cfg, name), "decoder": name, "repeat": repeat, "batch": index, "gamma": gamma}
         rounds.append(label_rows(to_frame(result.rounds, ROUND_COLUMNS), batch, keys, extra))
         requests.append(label_rows(to_frame(result.requests, REQUEST_COLUMNS), batch, keys, extra))
     return pd.concat(rounds, ignore_index=True), pd.concat(requests, ignore_index=True)

@@ -26,7 +26,12 @@ import pandas as pd
 SPECULATIVE = "speculative"
 AUTOREGRESSIVE = "autoregressive"
 HF_ASSISTED = "hf_assisted"
-SPECULATIVE_DECODERS = (SPECULATIVE, HF_ASSISTED)  # the choices of the config's `decoder`; the baseline is AR
+LLAMA_CPP = "llama_cpp"  # llama.cpp's llama-server with a draft (specbench.llama_cpp)
+LLAMA_CPP_AUTOREGRESSIVE = "llama_cpp_autoregressive"  # the same server binary without one
+SPECULATIVE_DECODERS = (SPECULATIVE, HF_ASSISTED, LLAMA_CPP)  # the choices of the config's `decoder`
+# Each speculative decoder's speedup is over its own engine's plain decoding, run in the same job.
+BASELINE_OF = {SPECULATIVE: AUTOREGRESSIVE, HF_ASSISTED: AUTOREGRESSIVE, LLAMA_CPP: LLAMA_CPP_AUTOREGRESSIVE}
+BASELINES = (AUTOREGRESSIVE, LLAMA_CPP_AUTOREGRESSIVE)
 
 # How the one extra token of a round was produced.
 RECOVERED = "recovered"  # sampled from the residual (p - q)+ at the first rejection
@@ -93,3 +98,7 @@ REQUEST_COLUMNS = [f.name for f in fields(RequestRecord)]
 def to_frame(records: list, columns: list[str]) -> pd.DataFrame:
     """Records (dataclasses) -> DataFrame with a stable column order, even when empty."""
     return pd.DataFrame([asdict(r) for r in records], columns=columns)
+
+
+# llama.cpp's own costs (`specbench.llama_cpp.costs`): one row per timed llama-bench repetition.
+LLAMA_CT_COLUMNS = ["role", "gguf_type", "n_prompt", "n_gen", "n_depth", "threads", "seconds"]

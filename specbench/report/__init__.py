@@ -33,19 +33,22 @@ def load_tables(sweep_dir, ct=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
     """(rounds, requests, ct) of a sweep via `specbench.bench.runstore.load_sweep`.
 
     `ct` may be a DataFrame, a path (.parquet/.csv/.json) or None; None tries the sweep's
-    own "ct" table and uses None (C_t from the rounds) if it has none.
+    own "ct" and "llama_ct" tables (stacked: their rows never match each other's settings) and uses
+    None (C_t from the rounds) if it has neither.
     """
     from specbench.bench.runstore import load_sweep
 
     rounds = load_sweep(sweep_dir, "rounds")
     requests = load_sweep(sweep_dir, "requests")
     if ct is None:
-        try:
-            ct = load_sweep(sweep_dir, "ct")
-        except ValueError:  # no finished job wrote a ct table: C_t falls back to the rounds
-            ct = None
-        if ct is not None and len(ct) == 0:
-            ct = None
+        frames = []
+        for name in ("ct", "llama_ct"):  # specbench's C_t(k) micro-benchmark; llama.cpp's llama-bench rows
+            try:
+                frames.append(load_sweep(sweep_dir, name))
+            except ValueError:  # no finished job wrote this table: C_t falls back to the rounds
+                pass
+        frames = [f for f in frames if len(f)]
+        ct = pd.concat(frames, ignore_index=True) if frames else None
     elif not isinstance(ct, pd.DataFrame):
         ct = _read_table(ct)
     return rounds, requests, ct

@@ -53,8 +53,14 @@ def ct_points(rounds: pd.DataFrame, ct: pd.DataFrame | None) -> tuple[pd.DataFra
     """C_t(k) observations: the micro-benchmark table if given, else the rounds' t_verify
     (speculative at k = γ+1, AR at k = 1). Columns: the CT_KEYS present, k, t; and the source name."""
     if ct is not None and len(ct):
-        k = [c for c in CT_KEYS if c in ct.columns]
-        return ct[k + ["k"]].assign(t=ct["t_forward"].to_numpy(float)), "C_t micro-benchmark table"
+        k, parts = [c for c in CT_KEYS if c in ct.columns], []
+        if "k" in ct.columns:  # specbench's micro-benchmark rows
+            own = ct[ct["k"].notna()]
+            parts.append(own[k + ["k"]].assign(t=own["t_forward"].to_numpy(float)))
+        if "role" in ct.columns:  # llama.cpp's llama-bench rows: `pp k` of the target
+            pp = ct[(ct["role"] == "target") & (ct["n_gen"] == 0) & (ct["n_prompt"] > 0)]
+            parts.append(pp[k].assign(k=pp["n_prompt"].to_numpy(int), t=pp["seconds"].to_numpy(float)))
+        return pd.concat(parts, ignore_index=True), "C_t micro-benchmark table (llama.cpp: llama-bench)"
     sp = round_level(spec_rows(rounds))
     ar = round_level(ar_rows(rounds))
     k = [c for c in CT_KEYS if c in rounds.columns]
