@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from contextlib import ExitStack
 
 import torch
 
 from specbench.audit.core import run_audit
-from specbench.audit.decoders import DECODER_CHOICES, check_decoder_name, make_decoder
+from specbench.audit.decoders import DECODER_CHOICES, LLAMA_CPP_AUDIT_DECODERS, check_decoder_name, make_decoder
 from specbench.audit.pairs import load_audit_pair
 from specbench.audit.result import AuditResult
 from specbench.audit.settings import REFERENCES, AuditSettings
@@ -122,24 +123,42 @@ def main(argv: list[str] | None = None) -> int:
             check_decoder_name(name)
         if args.gamma < 1:
             raise ValueError(f"--gamma={args.gamma}: must be >= 1")
+        llama = [n for n in decoders if n in LLAMA_CPP_AUDIT_DECODERS]
+        if llama and args.pair != "embedded":
+            raise ValueError(
+                f"--decoder {llama[0]}: llama.cpp runs GGUF copies of the embedded model; use --pair embedded"
+            )
+        if llama and args.reference == "exact":
+            raise ValueError("--reference exact: llama.cpp decoders are audited against llama.cpp's own sampling")
     except ValueError as exc:
         parser.error(str(exc))
     target, draft, prompts, eos = load_audit_pair(args.pair)
     if args.prompts:
         prompts = prompts[: args.prompts]
     results, cache = [], {}
-    for sampling in samplings:
-        for name in decoders:
-            decoder = make_decoder(name, target, draft, args.gamma, sampling, eos, settings)
-            result = run_audit(target, decoder, prompts, sampling, eos, settings, cache=cache)
-            row = result.summary.iloc[0]
-            print(
-                f"{row.decoder:>28} {row.sampling:<16} p={row.p_value:.3g} tv={row.tv:.3f} "
-                f"[{row.tv_lo:.3f}, {row.tv_hi:.3f}] detectable_tv={row.detectable_tv:.3f} {row.verdict} "
-                f"({row.seconds:.0f} s)",
-                flush=True,
-            )
-            results.append(result)
+    with ExitStack() as stack:
+        la = None
+        if llama:
+            from specbench.audit.llama_cpp import LlamaCppAudit
+
+            la = stack.enter_context(LlamaCppAudit(llama, args.gamma, threads=args.threads or 1))
+        for sampling in samplings:
+            for name in decoders:
+                if name in llama:  # reference: llama.cpp's own plain sampling of the same GGUF
+                    decoder, ref = la.decoder(name, sampling), la.reference(sampling)
+                    s = dataclasses.replace(settings, reference="sample")
+                    result = run_audit(target, decoder, prompts, sampling, eos, s, reference=ref, cache=cache)
+                else:
+                    decoder = make_decoder(name, target, draft, args.gamma, sampling, eos, settings)
+                    result = run_audit(target, decoder, prompts, sampling, eos, settings, cache=cache)
+                row = result.summary.iloc[0]
+                print(
+                    f"{row.decoder:>28} {row.sampling:<16} p={row.p_value:.3g} tv={row.tv:.3f} "
+                    f"[{row.tv_lo:.3f}, {row.tv_hi:.3f}] detectable_tv={row.detectable_tv:.3f} {row.verdict} "
+                    f"({row.seconds:.0f} s)",
+                    flush=True,
+                )
+                results.append(result)
     result = AuditResult.concat(results)
     out = result.save(args.out)
     print(f"wrote {out / 'audit.md'} and {out / 'audit.csv'}: {'PASS' if result.passed else 'FAIL'}")

@@ -19,7 +19,9 @@ from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig, TokenContext
 
 DECODER_NAMES = ("speculative", "autoregressive", "hf_assisted")
-DECODER_CHOICES = " | ".join(DECODER_NAMES) + " | broken:<variant>"
+# llama.cpp's, run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding)
+LLAMA_CPP_AUDIT_DECODERS = ("llama_cpp", "llama_cpp:probabilistic", "llama_cpp_autoregressive")
+DECODER_CHOICES = " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS) + " | broken:<variant>"
 
 
 class SharedPrefillLM(CachedLM):
@@ -39,7 +41,8 @@ class SharedPrefillLM(CachedLM):
         return super().prefill(prompts)
 
 
-def _pad(rows: list[list[int]], tokens: int) -> np.ndarray:
+def pad_rows(rows: list[list[int]], tokens: int) -> np.ndarray:
+    """Continuations as an int64 array [n, tokens], PAD after each row's end."""
     out = np.full((len(rows), tokens), PAD, dtype=np.int64)
     for i, row in enumerate(rows):
         out[i, : len(row)] = row[:tokens]
@@ -62,7 +65,7 @@ def _batched(run: Callable[[list[list[int]], int, torch.Generator], list[list[in
         while done < n:
             size = min(batch_size, n - done)
             generator = torch.Generator().manual_seed(derive_seed(seed, b))
-            out.append(_pad(run([list(prompt)] * size, tokens, generator), tokens))
+            out.append(pad_rows(run([list(prompt)] * size, tokens, generator), tokens))
             done, b = done + size, b + 1
         return np.concatenate(out)
 
@@ -150,7 +153,7 @@ def hf_assisted_decoder(
                 timer,
             )
             rows.append(result.tokens[0])
-        return _pad(rows, tokens)
+        return pad_rows(rows, tokens)
 
     return DecoderUnderTest("hf_assisted", sample, gamma, first_speculative_token=1)
 
@@ -159,7 +162,7 @@ def check_decoder_name(name: str) -> None:
     """A ValueError naming the choices unless `name` is a decoder the audit can build."""
     if name.startswith("broken:"):
         get_variant(name.removeprefix("broken:"))
-    elif name not in DECODER_NAMES:
+    elif name not in DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS:
         raise ValueError(f"audit.decoder={name!r}: must be {DECODER_CHOICES}")
 
 

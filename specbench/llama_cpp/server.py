@@ -53,6 +53,7 @@ class ServerSpec:
     port: int = 0  # 0: a free port
     startup_timeout: float = 120.0
     bin_dir: str | None = None
+    cache_prompt: bool = False  # measured jobs: off, every request prefills; the audit: on (distribution only)
 
     @property
     def speculative(self) -> bool:
@@ -62,7 +63,8 @@ class ServerSpec:
         """The command line (the binary first)."""
         cmd = [str(find_tool("llama-server", self.bin_dir)), "-m", str(self.target)]
         cmd += ["--host", "127.0.0.1", "--port", str(port), "-t", str(self.threads), "-tb", str(self.threads)]
-        cmd += ["-c", str(self.ctx_size), "-np", "1", "--no-webui", "--metrics", "--no-cache-prompt"]
+        cmd += ["-c", str(self.ctx_size), "-np", "1", "--no-webui", "--metrics"]
+        cmd += [] if self.cache_prompt else ["--no-cache-prompt"]
         if self.speculative:
             if self.draft is not None:
                 cmd += ["-md", str(self.draft), "-td", str(self.threads), "-tbd", str(self.threads)]
@@ -205,7 +207,7 @@ class LlamaServer:
             "prompt": list(ids),
             "n_predict": int(n_predict),
             "stream": True,
-            "cache_prompt": False,  # every request prefills its prompt: no state carried between requests
+            "cache_prompt": self.spec.cache_prompt,  # off: every request prefills, no state carried over
             "return_tokens": True,
         }
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
