@@ -13,6 +13,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from specbench.decoding.records import HF_ASSISTED, LLAMA_CPP, SPECULATIVE, SPECULATIVE_DECODERS
+from specbench.llama_cpp.options import DRAFT_SAMPLING, GGUF_TYPES, NGRAM_TYPES
+from specbench.llama_cpp.options import check_sampling as check_llama_cpp_sampling
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.samplers import SAMPLERS
@@ -141,11 +143,6 @@ class WorkloadConfig:
                 )
 
 
-LLAMA_CPP_GGUF_TYPES = ("Q4_1", "Q4_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")  # specbench.llama_cpp.ggufs.TYPES
-LLAMA_CPP_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache")  # drafts with no model
-LLAMA_CPP_DRAFT_SAMPLING = ("greedy", "probabilistic")
-
-
 @dataclass
 class LlamaCppConfig:
     """decoder=llama_cpp: llama.cpp's llama-server, with and without a draft (`specbench.llama_cpp`).
@@ -166,9 +163,9 @@ class LlamaCppConfig:
     bin_dir: Optional[str] = None  # None: $SPECBENCH_LLAMA_CPP_BIN, the build cache, then PATH
 
     def __post_init__(self) -> None:
-        _choice("llama_cpp.target", self.target, LLAMA_CPP_GGUF_TYPES)
-        _choice("llama_cpp.draft", self.draft, LLAMA_CPP_GGUF_TYPES + LLAMA_CPP_NGRAM)
-        _choice("llama_cpp.draft_sampling", self.draft_sampling, LLAMA_CPP_DRAFT_SAMPLING)
+        _choice("llama_cpp.target", self.target, GGUF_TYPES)
+        _choice("llama_cpp.draft", self.draft, GGUF_TYPES + NGRAM_TYPES)
+        _choice("llama_cpp.draft_sampling", self.draft_sampling, DRAFT_SAMPLING)
         _at_least("llama_cpp.draft_min", self.draft_min, 0)
         _at_least("llama_cpp.threads", self.threads, 1, nullable=True)
         _at_least("llama_cpp.ctx_size", self.ctx_size, 64)
@@ -181,7 +178,7 @@ class LlamaCppConfig:
 
     @property
     def draft_is_ngram(self) -> bool:
-        return self.draft in LLAMA_CPP_NGRAM
+        return self.draft in NGRAM_TYPES
 
 
 @dataclass
@@ -351,9 +348,7 @@ class Config:
             )
         if self.tune.enabled:
             raise ValueError("tune.enabled=true with decoder='llama_cpp': the tuner measures specbench's decoders only")
-        from specbench.llama_cpp.decoder import check_sampling
-
-        check_sampling(self.sampling.build())
+        check_llama_cpp_sampling(self.sampling.build())
 
     @property
     def all_decoders(self) -> list[str]:

@@ -14,21 +14,9 @@ import math
 
 from specbench.decoding.decoder import DecodeResult
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
-from specbench.decoding.sampling import CONTEXT_FIELDS, SamplingConfig
+from specbench.decoding.sampling import SamplingConfig
+from specbench.llama_cpp.options import SAMPLER_CHAIN, check_sampling
 from specbench.llama_cpp.server import Completion, LlamaServer, LlamaServerError
-
-SAMPLER_CHAIN = ["temperature", "top_k", "top_p", "min_p"]  # specbench's (and transformers') order
-
-
-def check_sampling(sampling: SamplingConfig) -> None:
-    """llama.cpp is driven with temperature, top-k, top-p and min-p only; raise naming anything else."""
-    for name in CONTEXT_FIELDS:
-        value = getattr(sampling, name)
-        if value not in (1.0, 0.0, (), None):
-            raise ValueError(
-                f"sampling.{name}={value!r}: decoder='llama_cpp' supports temperature, top_k, top_p and "
-                "min_p only (llama.cpp's penalties use another window and semantics than specbench's)"
-            )
 
 
 def request_params(sampling: SamplingConfig, seed: int) -> dict:

@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from specbench.config import LLAMA_CPP_GGUF_TYPES as TYPES
 from specbench.llama_cpp.binaries import find_tool
+from specbench.llama_cpp.options import GGUF_TYPES as TYPES
 
 SHIPPED = "Q4_1"  # the embedded GGUF's type
 

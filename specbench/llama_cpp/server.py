@@ -22,13 +22,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbench.config import LLAMA_CPP_DRAFT_SAMPLING as DRAFT_SAMPLING
-from specbench.config import LLAMA_CPP_NGRAM
 from specbench.llama_cpp.binaries import find_tool
+from specbench.llama_cpp.options import DRAFT_SAMPLING, NGRAM_TYPES
 
-# ngram-mod is left out on purpose: its table outlives a request, so a repeated prompt replays
-# the previous answer (state leaking between measured requests).
-SPEC_TYPES = ("draft-simple", *LLAMA_CPP_NGRAM)
+SPEC_TYPES = ("draft-simple", *NGRAM_TYPES)
 ROUND_LINE = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens")
 DONE_LINE = re.compile(r"\btotal time\s*=")  # print_timings: the last line llama-server logs for a request
 
