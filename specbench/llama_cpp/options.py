@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 GGUF_TYPES = ("Q4_1", "Q4_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")  # what llama-quantize writes for specbench
 # Drafts with no model. ngram-mod is left out on purpose: its table outlives a request, so a
 # repeated prompt replays the previous answer (state leaking between measured requests).
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
+# The other n-gram types (map-k, cache) take their draft length from flags of their own: not driven yet.
+NGRAM_TYPES = ("ngram-simple",)
 DRAFT_SAMPLING = ("greedy", "probabilistic")  # argmax draft + match (llama.cpp's default) | sampled + rejection
 SAMPLER_CHAIN = ["temperature", "top_k", "top_p", "min_p"]  # specbench's (and transformers') order
 
@@ -27,3 +28,31 @@ def check_sampling(sampling: SamplingConfig) -> None:
                 f"sampling.{name}={value!r}: decoder='llama_cpp' supports temperature, top_k, top_p and "
                 "min_p only (llama.cpp's penalties use another window and semantics than specbench's)"
             )
+
+
+def speculative_flags(
+    gamma: int,
+    draft: str | None = None,
+    spec_type: str | None = None,
+    draft_min: int = 0,
+    draft_p_min: float = 0.0,
+    draft_sampling: str | None = None,
+    ngram_size: int | None = None,
+) -> list[str]:
+    """llama-server's flags for drafting γ tokens per round, in this llama.cpp's spelling (the
+    `--draft-max` family was removed; without `--spec-type` a loaded draft model drafts nothing).
+    A draft model: draft-simple with γ = --spec-draft-n-max, n-min and p-min pinned so every round
+    drafts γ. ngram-simple: γ = the drafted m-gram's length (--spec-ngram-simple-size-m)."""
+    if (draft is None) == (spec_type is None or spec_type == "draft-simple"):
+        raise ValueError(
+            f"speculative_flags: a draft model or an n-gram type, not draft={draft!r}, spec_type={spec_type!r}"
+        )
+    if draft is not None:
+        flags = ["--spec-draft-model", draft, "--spec-type", "draft-simple"]
+        flags += ["--spec-draft-n-max", str(gamma), "--spec-draft-n-min", str(draft_min)]
+        flags += ["--spec-draft-p-min", str(draft_p_min)]
+        return flags + (["--spec-draft-sampling", draft_sampling] if draft_sampling else [])
+    if spec_type not in NGRAM_TYPES:
+        raise ValueError(f"llama_cpp.draft={spec_type!r}: n-gram drafts are {list(NGRAM_TYPES)}")
+    flags = ["--spec-type", spec_type, "--spec-ngram-simple-size-m", str(gamma)]
+    return flags + (["--spec-ngram-simple-size-n", str(ngram_size)] if ngram_size else [])

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.llama_cpp.binaries import find_tool
-from specbench.llama_cpp.options import DRAFT_SAMPLING, NGRAM_TYPES
+from specbench.llama_cpp.options import DRAFT_SAMPLING, NGRAM_TYPES, speculative_flags
 
 SPEC_TYPES = ("draft-simple", *NGRAM_TYPES)
 ROUND_LINE = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens")
@@ -45,6 +45,7 @@ class ServerSpec:
     draft_min: int = 0
     draft_p_min: float = 0.0
     draft_sampling: str = "greedy"
+    ngram_size: int | None = None  # ngram-simple: the lookup n-gram's length (None: llama.cpp's 12)
     threads: int = 1
     ctx_size: int = 4096
     port: int = 0  # 0: a free port
@@ -63,13 +64,12 @@ class ServerSpec:
         cmd += ["-c", str(self.ctx_size), "-np", "1", "--no-webui", "--metrics"]
         cmd += [] if self.cache_prompt else ["--no-cache-prompt"]
         if self.speculative:
-            if self.draft is not None:
-                cmd += ["-md", str(self.draft), "-td", str(self.threads), "-tbd", str(self.threads)]
-                cmd += ["--spec-draft-sampling", self.draft_sampling]
-            # no default type: without --spec-type a loaded draft model is never asked for a draft
-            cmd += ["--spec-type", self.spec_type or "draft-simple"]
-            cmd += ["--spec-draft-n-max", str(self.draft_max), "--spec-draft-n-min", str(self.draft_min)]
-            cmd += ["--spec-draft-p-min", str(self.draft_p_min)]
+            draft = str(self.draft) if self.draft is not None else None
+            sampling = self.draft_sampling if draft else None
+            cmd += speculative_flags(
+                self.draft_max, draft, self.spec_type, self.draft_min, self.draft_p_min, sampling, self.ngram_size
+            )
+            cmd += ["-td", str(self.threads), "-tbd", str(self.threads)] if draft else []
         return cmd
 
 

@@ -36,7 +36,9 @@ def server_specs(cfg: Config) -> dict[str, ServerSpec]:
         startup_timeout=float(lc.startup_timeout),
         bin_dir=lc.bin_dir,
     )
-    draft = dict(spec_type=lc.draft) if lc.draft_is_ngram else dict(draft=gguf_path(lc.draft, cache, lc.bin_dir))
+    # n-gram lookup lengths like specbench's own n-gram draft (llama.cpp's default, 12, rarely matches a chat)
+    ngram = dict(spec_type=lc.draft, ngram_size=cfg.draft.max_ngram)
+    draft = ngram if lc.draft_is_ngram else dict(draft=gguf_path(lc.draft, cache, lc.bin_dir))
     return {
         LLAMA_CPP_AUTOREGRESSIVE: ServerSpec(**common),
         LLAMA_CPP: ServerSpec(
