@@ -184,6 +184,7 @@ def _llama_ct(draft_rows: bool = True) -> pd.DataFrame:
         rows.append(["target", "F16", 0, 16, 64, 1, jitter * 16 * 0.011])
         if draft_rows:
             rows.append(["draft", "Q4_1", 0, 16, 64, 1, jitter * 16 * 0.004])
+            rows += [["draft", "Q4_1", k, 0, 64, 1, jitter * (0.004 + 0.001 * k)] for k in (1, 2, 3, 4, 5)]
     df = pd.DataFrame(rows, columns=LLAMA_CT_COLUMNS)
     return df.assign(
         hardware="cpu:x", dtype="gguf:F16", target="embedded", draft="gguf:Q4_1" if draft_rows else "ngram-simple"
@@ -193,8 +194,9 @@ def _llama_ct(draft_rows: bool = True) -> pd.DataFrame:
 def test_llama_cpp_timing_comes_from_its_own_llama_bench_rows():
     keys = dict(hardware="cpu:x", dtype="gguf:F16", target="embedded", draft="gguf:Q4_1", decoder=LLAMA_CPP)
     t = TimingProfile.from_llama_bench(_llama_ct(), keys)
-    assert t.ct1 == pytest.approx(0.011) and t.cd_per_token == pytest.approx(0.004)
-    assert t.c_t(4) == pytest.approx(0.016) and t.c_d(3) == pytest.approx(0.012) and t.c_o(3) == 0.0
+    assert t.ct1 == pytest.approx(0.011) and t.c_t(4) == pytest.approx(0.016) and t.c_o(3) == 0.0
+    # C_d(γ) = γ draft steps (4 ms) + the draft's catch-up pp(γ+1) (4 ms + 1 ms per token) = 5 ms + 5 ms·γ
+    assert (t.cd_intercept, t.cd_per_token) == pytest.approx((0.005, 0.005)) and t.c_d(3) == pytest.approx(0.020)
     assert t.ct_source == "llama-bench"
     ngram = TimingProfile.from_llama_bench(_llama_ct(False), {**keys, "draft": "ngram-simple"})
     assert ngram.cd_per_token == 0.0  # an n-gram lookup runs no draft model

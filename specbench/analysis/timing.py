@@ -211,9 +211,11 @@ class TimingProfile(JsonFile):
     def from_llama_bench(cls, ct: pd.DataFrame | None, keys: dict, n_rounds: int = 0) -> TimingProfile:
         """llama.cpp's costs from its `llama-bench` rows (`llama_ct` tables, `specbench.llama_cpp.costs`;
         matched on LLAMA_CT_KEYS): C_t(k) = median seconds of `pp k` at the prompts' depth; C_t1 = the
-        target's `tg` seconds per token; C_d(γ) = γ × the draft's (0 for n-gram lookup: no model).
-        C_o = 0: llama.cpp does not time its rounds, so what the model leaves out (sampling, the
-        draft catching up on accepted tokens, the HTTP stream) is the gap to the measured speedup."""
+        target's `tg` seconds per token; C_d(γ) = γ draft `tg` steps + the draft's `pp γ+1`, since
+        llama-server drops the draft's cache of its drafted tokens and re-evaluates the committed ones
+        as a batch next round (line through γ = 1..15; 0 for n-gram lookup: no model). C_o = 0:
+        llama.cpp does not time its rounds, so what the model still leaves out (sampling, checkpoints,
+        the HTTP stream) is the gap to the measured speedup."""
         rows = ct if ct is not None and "role" in ct.columns else pd.DataFrame(columns=LLAMA_CT_COLUMNS)
         rows = rows[match_rows(rows, {k: v for k, v in keys.items() if k in LLAMA_CT_KEYS}) & rows["role"].notna()]
         target, draft = rows[rows["role"] == "target"], rows[rows["role"] == "draft"]
@@ -222,13 +224,20 @@ class TimingProfile(JsonFile):
             tg = r[(r["n_gen"] > 0) & (r["n_prompt"] == 0)]
             return float((tg["seconds"] / tg["n_gen"]).median()) if len(tg) else math.nan
 
-        pp = target[(target["n_prompt"] > 0) & (target["n_gen"] == 0)]
-        med = pp.groupby("n_prompt")["seconds"].median()
+        def pp_median(r: pd.DataFrame) -> pd.Series:
+            return r[(r["n_prompt"] > 0) & (r["n_gen"] == 0)].groupby("n_prompt")["seconds"].median()
+
+        med, tg_d, catch_up = pp_median(target), per_token(draft), pp_median(draft)
         ks, ts = fit_monotone_curve(med.index.to_numpy(int), med.to_numpy(float)) if len(med) else ([], [])
-        no_model = len(target) and not len(draft) and not str(keys.get("draft", "")).startswith("gguf:")
+        gammas = catch_up.index.to_numpy(int)[:-1]  # γ with a pp(γ+1) row
+        cd_i, cd_s = (0.0, tg_d)
+        if len(gammas):
+            cd_i, cd_s = linear_fit(gammas, gammas * tg_d + catch_up.loc[gammas + 1].to_numpy(float))
+        if len(target) and not len(draft) and not str(keys.get("draft", "")).startswith("gguf:"):
+            cd_i, cd_s = 0.0, 0.0  # an n-gram lookup runs no draft model
         return cls(
-            cd_intercept=0.0,
-            cd_per_token=0.0 if no_model else per_token(draft),
+            cd_intercept=cd_i,
+            cd_per_token=cd_s,
             ct_k=ks,
             ct_t=ts,
             co_by_gamma={},

@@ -43,11 +43,11 @@ def bench_costs(
     gen: int = 16,
     bin_dir=None,
 ) -> pd.DataFrame:
-    """C_t(k) for k in `ks` and C_t1 (tg) of the target, and the draft's tg, at `depth` context tokens."""
+    """C_t(k) for k in `ks` and C_t1 (tg) of the target, and the draft's pp k and tg, at `depth` context tokens."""
     rows = []
     jobs = [("target", target, target_type, list(ks))]
-    if draft is not None:
-        jobs.append(("draft", draft, draft_type, []))
+    if draft is not None:  # pp k of the draft: its catch-up on the committed tokens each round
+        jobs.append(("draft", draft, draft_type, list(ks)))
     for role, model, gguf_type, prompts in jobs:
         for test in llama_bench(
             model, prompts=prompts, gen=gen, depth=depth, threads=threads, reps=reps, bin_dir=bin_dir
