@@ -85,7 +85,9 @@ def decoder_keys(cfg: Config, name: str) -> dict:
     lc = cfg.llama_cpp
     keys = {"dtype": f"gguf:{lc.target}"}
     if name == LLAMA_CPP:
-        keys |= {"draft": lc.draft if lc.draft_is_ngram else f"gguf:{lc.draft}", "draft_kind": "llama_cpp"}
+        # draft_kind: the DRAFT_KINDS name of what llama.cpp drafts with (a model, or n-gram lookup)
+        keys |= {"draft": lc.draft if lc.draft_is_ngram else f"gguf:{lc.draft}"}
+        keys["draft_kind"] = "ngram" if lc.draft_is_ngram else "model"
     return keys
 
 

@@ -4,6 +4,7 @@ at the end. Both share the binary, the target GGUF, the thread count and the fro
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import ExitStack
 from pathlib import Path
@@ -72,7 +73,7 @@ class JobServers(ExitStack):
             for i, name in enumerate(self.names):
                 spec = specs[name]
                 if spec.port:
-                    spec = ServerSpec(**{**spec.__dict__, "port": spec.port + i})
+                    spec = dataclasses.replace(spec, port=spec.port + i)
                 self.servers[name] = self.enter_context(LlamaServer(spec))
         except BaseException:
             self.close()
