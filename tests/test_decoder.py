@@ -14,7 +14,7 @@ from specbench.decoding.hf_assisted import hf_assisted_decode
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
-from specbench.models.quant import quantize_w8a16
+from specbench.models.quant import quantize_w4a16, quantize_w8a16
 
 GREEDY = SamplingConfig()
 
@@ -24,6 +24,8 @@ def make_draft(kind, target, close_draft):
         return ModelDraft(close_draft)
     if kind == "w8a16":
         return ModelDraft(quantize_w8a16(target), name="w8a16")
+    if kind == "w4a16":
+        return ModelDraft(quantize_w4a16(target), name="w4a16")
     if kind == "ngram":
         return NgramDraft(VOCAB)
     if kind == "unrelated":
@@ -31,7 +33,7 @@ def make_draft(kind, target, close_draft):
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["model", "w8a16", "ngram", "unrelated"])
+@pytest.mark.parametrize("kind", ["model", "w8a16", "w4a16", "ngram", "unrelated"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_equals_target_generate(kind, batch, target, close_draft, prompts):
     ps = prompts[:batch]

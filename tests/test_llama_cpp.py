@@ -10,6 +10,7 @@ import socket
 
 import pandas as pd
 import pytest
+from conftest import embedded_available
 
 from specbench.analysis.speedup import latency_speedup, paired_requests, throughput_speedup
 from specbench.analysis.timing import TimingProfile
@@ -20,7 +21,6 @@ from specbench.llama_cpp import binaries
 from specbench.llama_cpp.decoder import request_params, round_records
 from specbench.llama_cpp.options import SAMPLER_CHAIN
 from specbench.llama_cpp.server import Completion, LlamaServer, LlamaServerError, ServerSpec, check_port_free
-from tests.conftest import embedded_available
 
 # CI sets SPECBENCH_REQUIRE_LLAMA_CPP=1: there a missing build fails these tests instead of skipping them
 needs_llama = pytest.mark.skipif(
@@ -340,8 +340,9 @@ def _serve_and_complete(cmd: list[str], ids: list[int]) -> dict:
 def test_deploy_file_command_runs_on_llama_server_and_speculates(ggufs, draft_kind):
     # The deploy file's llama.cpp command must be one this llama-server accepts, and it must
     # actually draft: the removed --draft-max family makes it exit, a missing --spec-type drafts nothing.
+    from test_deploy import _commands, _on_schedule
+
     from specbench.deploy.engines import ENGINES, DeployContext
-    from tests.test_deploy import _commands, _on_schedule
 
     f16, q41 = ggufs
     ctx = dict(target=str(f16), draft=str(q41), draft_kind=draft_kind, hardware="cpu:x")

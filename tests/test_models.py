@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import needs_embedded
+import torch
+from conftest import needs_embedded, tiny_llama
 
 from specbench.config import Config, DraftConfig, PairConfig, SamplingSpec, WorkloadConfig
 from specbench.decoding.sampling import SamplingConfig
@@ -47,7 +48,7 @@ def test_bad_job_config(kwargs, message):
 
 
 def test_bad_draft_kind_and_dtype():
-    with pytest.raises(ValueError, match=r"draft.kind='eagle': must be one of \['model', 'w8a16', 'ngram'\]"):
+    with pytest.raises(ValueError, match=r"draft.kind='eagle': must be one of \['model', 'w8a16', 'w4a16', 'ngram'\]"):
         DraftConfig(kind="eagle")
     with pytest.raises(ValueError, match=r"pair.dtype='int4'"):
         PairConfig(dtype="int4")
@@ -133,3 +134,34 @@ def test_embedded_greedy_equals_generate_fp32(draft, embedded_fp32):
             assert out.tokens[row] == ref.tolist(), f"B={len(batch)} row {row}"
         if draft == "w8a16":
             assert out.rounds["accepted"].mean() > 1.0  # the int8 copy agrees often with its target
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_int4_linear_matches_its_dequantized_weight_on_both_paths(dtype, rows):
+    # the kernel path (few rows, bf16/fp32) and the dequantized GEMM path (many rows, any dtype) compute
+    # x @ w4.T for the same w4, and w4 is within half a quantization step of the float weight
+    from specbench.models.quant import Int4Linear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48, bias=True).to(dtype)
+    q = Int4Linear(lin)
+    w4 = q.dequantized(torch.float64)
+    step = q.scales_zeros[..., 0].transpose(0, 1).repeat_interleave(Int4Linear.GROUP, dim=1).double()
+    assert ((w4 - lin.weight.double()).abs() <= step / 2 + 1e-6).all()
+    x = torch.randn(rows, 64, dtype=dtype)
+    ref = x.double() @ w4.T + lin.bias.double()
+    tol = {torch.bfloat16: 0.05, torch.float32: 1e-4, torch.float64: 1e-9}[dtype]
+    assert (q(x).double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+def test_w4a16_streams_a_quarter_of_the_weight_bytes():
+    from specbench.bench.microbench import streamed_weight_bytes
+    from specbench.models.quant import quantize_w4a16
+
+    model = tiny_llama(0, dtype=torch.float32)
+    q = quantize_w4a16(model)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    rest = streamed_weight_bytes(model) - 4 * linear  # norms etc., unquantized
+    groups = linear // 32
+    assert streamed_weight_bytes(q) == rest + linear // 2 + groups * 2 * 4  # 4 bits + (scale, zero) per group

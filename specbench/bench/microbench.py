@@ -72,7 +72,8 @@ def streamed_weight_bytes(model: nn.Module | None) -> int:
         return 0
     sizes = {t.data_ptr(): t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers())}
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if emb is not None and (head is None or head.weight.data_ptr() != emb.weight.data_ptr()):
+    head_weight = getattr(head, "weight", None)  # a quantized head (Int4Linear) has no float weight
+    if emb is not None and (head_weight is None or head_weight.data_ptr() != emb.weight.data_ptr()):
         sizes.pop(emb.weight.data_ptr(), None)
     return int(sum(sizes.values()))
 

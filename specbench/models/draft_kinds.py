@@ -57,6 +57,12 @@ def _load_w8a16(target, pair_cfg, draft_cfg, load_model):
     return quantize_w8a16_cached(target), None
 
 
+def _load_w4a16(target, pair_cfg, draft_cfg, load_model):
+    from specbench.models.quant import quantize_w4a16_cached
+
+    return quantize_w4a16_cached(target), None
+
+
 def _ngram(pair: Pair) -> Draft:
     from specbench.decoding.drafts import NgramDraft
 
@@ -78,6 +84,14 @@ DRAFT_KINDS.register(
     DraftKind(
         load=_load_w8a16,
         label=lambda target, p, d: f"w8a16({target})",
+        build=_model_draft,
+    ),
+)
+DRAFT_KINDS.register(
+    "w4a16",
+    DraftKind(
+        load=_load_w4a16,
+        label=lambda target, p, d: f"w4a16({target})",
         build=_model_draft,
     ),
 )
