@@ -352,3 +352,9 @@ def test_deploy_file_command_runs_on_llama_server_and_speculates(ggufs, draft_ki
     assert on[0] == "llama-server"
     timings = _serve_and_complete([str(binaries.find_tool("llama-server")), *on[1:]], repetitive)
     assert timings.get("draft_n", 0) > 0, f"no token drafted with {on}"
+
+
+def test_a_missing_gguf_is_named_before_anything_starts(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"llama_cpp draft GGUF '{tmp_path}/nope.gguf': no such file"):
+        (tmp_path / "target.gguf").write_bytes(b"GGUF")
+        LlamaServer(ServerSpec(tmp_path / "target.gguf", draft=tmp_path / "nope.gguf", draft_max=2))
