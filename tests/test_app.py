@@ -80,7 +80,7 @@ def _run(args: list[str], runs: Path, timeout: int = 300) -> subprocess.Complete
         (["gamma=-1"], "gamma=-1: must be an integer >= 0"),
         (["sampling.temperature=-1"], "sampling.temperature=-1.0: must be a number >= 0"),
         (["sampling.top_p=1.5"], "sampling.top_p=1.5: must be in (0, 1]"),
-        (["decoder=specbench"], "decoder='specbench': must be one of ['speculative', 'hf_assisted']"),
+        (["decoder=specbench"], "decoder='specbench': must be one of ['speculative', 'hf_assisted', 'llama_cpp']"),
         (["extra_decoders=[speculative]"], "extra_decoders=['speculative']: repeats decoder='speculative'"),
         (["extra_decoders=[hf_assisted]", "batch_size=2"], "decoder='hf_assisted' supports batch_size=1 only"),
     ],

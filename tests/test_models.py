@@ -38,7 +38,7 @@ def test_bad_sampling_names_field_value_and_allowed(kwargs, message):
     [
         ({"gamma": -1}, r"gamma=-1: must be an integer >= 0"),
         ({"batch_size": 0}, r"batch_size=0: must be an integer >= 1"),
-        ({"decoder": "vllm"}, r"decoder='vllm': must be one of \['speculative', 'hf_assisted'\]"),
+        ({"decoder": "vllm"}, r"decoder='vllm': must be one of \['speculative', 'hf_assisted', 'llama_cpp'\]"),
         ({"draft": DraftConfig(kind="model")}, r"draft.kind='model' needs pair.draft.source"),
     ],
 )
