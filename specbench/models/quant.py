@@ -63,7 +63,8 @@ class Int4Linear(nn.Module):
         self.unpacked = q.to(torch.uint8)
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
         # [k/g, n, 2]: (scale, zero) as the kernel takes them; zero = low + 8·scale since q is offset by 8
-        self.register_buffer("scales_zeros", torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous())
+        sz = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))  # the activations' dtype: no cast per call
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = k, n
 
