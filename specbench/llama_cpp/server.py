@@ -257,15 +257,3 @@ class LlamaServer:
                 break
             time.sleep(0.01)
         return [(int(a), int(n)) for a, n in ROUND_LINE.findall(text)]
-
-    def metrics(self) -> dict[str, float]:
-        """The Prometheus counters of /metrics as {name: value} (labels kept in the name)."""
-        status, data = self._request("GET", "/metrics", timeout=10)
-        if status != 200:
-            raise LlamaServerError(f"llama-server /metrics returned {status}")
-        out = {}
-        for line in data.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name.removeprefix("llamacpp:")] = float(value)
-        return out
