@@ -180,6 +180,16 @@ class LlamaCppConfig:
     def draft_is_ngram(self) -> bool:
         return self.draft in NGRAM_TYPES
 
+    @property
+    def row_dtype(self) -> str:
+        """The `dtype` key of llama.cpp's rows: the target's GGUF type."""
+        return f"gguf:{self.target}"
+
+    @property
+    def row_draft(self) -> str:
+        """The `draft` key of llama.cpp's speculative rows: the draft's GGUF type, or the n-gram type."""
+        return self.draft if self.draft_is_ngram else f"gguf:{self.draft}"
+
 
 @dataclass
 class TuneConfig:

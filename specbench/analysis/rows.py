@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from specbench.decoding.records import AUTOREGRESSIVE, BASELINES, SPECULATIVE
+from specbench.decoding.records import AUTOREGRESSIVE, BASELINE_OF, BASELINES, SPECULATIVE
 
 # Keys that identify what an acceptance profile depends on (not hardware or batch).
 ACCEPTANCE_KEYS = ("target", "draft", "decoder", "workload", "sampling")
@@ -88,6 +88,13 @@ def decoder_column(df: pd.DataFrame) -> pd.Series:
     if "decoder" in df.columns:
         return df["decoder"].astype(object)
     return pd.Series(np.where(df["gamma"] > 0, SPECULATIVE, AUTOREGRESSIVE), index=df.index, dtype=object)
+
+
+def baseline_column(df: pd.DataFrame) -> pd.Series:
+    """Per row, the plain decoder it is paired with: a baseline's own name, else `BASELINE_OF` its
+    decoder (specbench's autoregressive for decoders outside the map)."""
+    dec = decoder_column(df)
+    return dec.where(dec.isin(BASELINES), dec.map(BASELINE_OF).fillna(AUTOREGRESSIVE))
 
 
 def decode_phase(requests: pd.DataFrame, prefix: str = "") -> tuple[pd.Series, pd.Series]:

@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 
 from specbench.analysis.acceptance import AcceptanceProfile
-from specbench.analysis.rows import SETTING_KEYS, decode_phase, decoder_column, group_keys, iter_groups
+from specbench.analysis.rows import SETTING_KEYS, baseline_column, decode_phase, decoder_column, group_keys, iter_groups
 from specbench.analysis.stats import median_ci
 from specbench.analysis.timing import TimingProfile
-from specbench.decoding.records import AUTOREGRESSIVE, BASELINE_OF, BASELINES, SPECULATIVE
+from specbench.decoding.records import BASELINES, SPECULATIVE
 
 BASES = ("wall", "decode")
 _BATCH_ID = ("job", "decoder", "repeat", "batch")
@@ -163,7 +163,7 @@ def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str |
     sp = requests[~plain & (dec != baseline)]
     timed = [c for c in ("new_tokens", "wall_time", "ttft", "first_chunk_tokens") if c in requests.columns]
     if baseline is None:  # each decoder over its own engine's plain decoder
-        sp = sp.assign(_baseline=decoder_column(sp).map(BASELINE_OF).fillna(AUTOREGRESSIVE))
+        sp = sp.assign(_baseline=baseline_column(sp))
         ar = requests[plain][on + timed].assign(_baseline=dec[plain])
         keys = on + ["_baseline"]
     else:
@@ -275,9 +275,9 @@ def throughput_speedup(requests: pd.DataFrame, by=None, *, confidence: float = 0
     """
     bt = batch_throughput(requests)
     on = [c for c in ("job", "repeat", "batch") if c in bt.columns]
+    bt = bt.assign(_baseline=baseline_column(bt))
     plain = bt["decoder"].isin(BASELINES)
-    sp = bt[~plain].assign(_baseline=bt["decoder"][~plain].map(BASELINE_OF).fillna(AUTOREGRESSIVE))
-    ar = bt[plain][on + ["tokens", "wall", "tok_s"]].assign(_baseline=bt["decoder"][plain])
+    sp, ar = bt[~plain], bt[plain][on + ["tokens", "wall", "tok_s", "_baseline"]]
     pairs = sp.merge(
         ar.rename(columns={"tokens": "ar_tokens", "wall": "ar_wall", "tok_s": "ar_batch_tok_s"}),
         on=on + ["_baseline"],

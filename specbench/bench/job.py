@@ -29,7 +29,7 @@ from specbench.bench.protocol import (
 from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
-from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, SPECULATIVE
+from specbench.decoding.records import LLAMA_CPP_DECODERS
 from specbench.llama_cpp.servers import JobServers, bench_llama_ct
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.models.pair import Pair, load_pair
@@ -124,11 +124,11 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
             requests.append(qd)
     runstore.write_table(job_dir, "rounds", pd.concat(rounds, ignore_index=True))
     runstore.write_table(job_dir, "requests", pd.concat(requests, ignore_index=True).assign(**peak.record))
-    if cfg.ct_bench and any(n in (AUTOREGRESSIVE, SPECULATIVE, HF_ASSISTED) for n in names):
+    if cfg.ct_bench and any(n not in LLAMA_CPP_DECODERS for n in names):  # torch decoders: their costs
         runstore.write_table(job_dir, "ct", bench_ct(cfg, pair, keys, prompts, CT_KS))
         runstore.write_table(job_dir, "floor", bench_floor(pair, keys))
     if cfg.ct_bench and servers.names:
-        runstore.write_table(job_dir, "llama_ct", bench_llama_ct(cfg, keys, prompts, CT_KS))
+        runstore.write_table(job_dir, "llama_ct", bench_llama_ct(cfg, keys, prompts, CT_KS, servers.specs))
     meta = telemetry.write(job_dir)
     runstore.mark_done(
         job_dir,

@@ -31,7 +31,7 @@ from specbench.decoding.records import (
     BASELINES,
     HF_ASSISTED,
     LLAMA_CPP,
-    LLAMA_CPP_AUTOREGRESSIVE,
+    LLAMA_CPP_DECODERS,
     REQUEST_COLUMNS,
     ROUND_COLUMNS,
     to_frame,
@@ -80,14 +80,13 @@ def decoders(cfg: Config, baseline: bool | None = None) -> list[str]:
 
 def decoder_keys(cfg: Config, name: str) -> dict:
     """Job keys that differ for one decoder: llama.cpp's rows name its GGUF types, not the torch pair's."""
-    if name not in (LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE):
+    if name not in LLAMA_CPP_DECODERS:
         return {}
     lc = cfg.llama_cpp
-    keys = {"dtype": f"gguf:{lc.target}"}
+    keys = {"dtype": lc.row_dtype}
     if name == LLAMA_CPP:
         # draft_kind: the DRAFT_KINDS name of what llama.cpp drafts with (a model, or n-gram lookup)
-        keys |= {"draft": lc.draft if lc.draft_is_ngram else f"gguf:{lc.draft}"}
-        keys["draft_kind"] = "ngram" if lc.draft_is_ngram else "model"
+        keys |= {"draft": lc.row_draft, "draft_kind": "ngram" if lc.draft_is_ngram else "model"}
     return keys
 
 
@@ -142,7 +141,7 @@ def decode_batch(
     """One batch with one decoder; every decoder gets the same seed for the same batch.
     `servers`: the job's running llama-servers (`specbench.llama_cpp.servers.JobServers`)."""
     sampling = cfg.sampling.build()
-    if decoder in (LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE):
+    if decoder in LLAMA_CPP_DECODERS:
         from specbench.llama_cpp.decoder import llama_cpp_decode
 
         if servers is None:

@@ -32,6 +32,7 @@ SPECULATIVE_DECODERS = (SPECULATIVE, HF_ASSISTED, LLAMA_CPP)  # the choices of t
 # Each speculative decoder's speedup is over its own engine's plain decoding, run in the same job.
 BASELINE_OF = {SPECULATIVE: AUTOREGRESSIVE, HF_ASSISTED: AUTOREGRESSIVE, LLAMA_CPP: LLAMA_CPP_AUTOREGRESSIVE}
 BASELINES = (AUTOREGRESSIVE, LLAMA_CPP_AUTOREGRESSIVE)
+LLAMA_CPP_DECODERS = (LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP)  # served by llama-server, not by torch
 
 # How the one extra token of a round was produced.
 RECOVERED = "recovered"  # sampled from the residual (p - q)+ at the first rejection

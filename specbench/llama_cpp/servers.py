@@ -12,12 +12,10 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.config import Config
-from specbench.decoding.records import LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE
+from specbench.decoding.records import LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_DECODERS
 from specbench.llama_cpp.costs import bench_costs
 from specbench.llama_cpp.ggufs import gguf_path
 from specbench.llama_cpp.server import LlamaServer, ServerSpec
-
-LLAMA_CPP_DECODERS = (LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP)
 
 
 def llama_threads(cfg: Config) -> int:
@@ -63,15 +61,16 @@ class JobServers(ExitStack):
         self.cfg = cfg
         self.names = [n for n in names if n in LLAMA_CPP_DECODERS]
         self.servers: dict[str, LlamaServer] = {}
+        self.specs: dict[str, ServerSpec] = {}  # as `server_specs`, once the servers started
 
     def __enter__(self) -> JobServers:
         super().__enter__()
         if not self.names:
             return self
-        specs = server_specs(self.cfg)
+        self.specs = server_specs(self.cfg)
         try:
             for i, name in enumerate(self.names):
-                spec = specs[name]
+                spec = self.specs[name]
                 if spec.port:
                     spec = dataclasses.replace(spec, port=spec.port + i)
                 self.servers[name] = self.enter_context(LlamaServer(spec))
@@ -86,11 +85,10 @@ class JobServers(ExitStack):
         return self.servers[name]
 
 
-def bench_llama_ct(cfg: Config, keys: dict, prompts: list, ks: range) -> pd.DataFrame:
-    """llama.cpp's own costs at the prompts' mean length (`costs.bench_costs`), labelled like the
-    job's llama.cpp rows (hardware, target, pair, GGUF dtype, draft)."""
+def bench_llama_ct(cfg: Config, keys: dict, prompts: list, ks: range, specs: dict[str, ServerSpec]) -> pd.DataFrame:
+    """llama.cpp's own costs at the prompts' mean length (`costs.bench_costs`) for the models of the
+    job's servers (`specs`), labelled like the job's llama.cpp rows (hardware, target, pair, GGUF dtype, draft)."""
     lc = cfg.llama_cpp
-    specs = server_specs(cfg)
     depth = int(sum(len(p.ids) for p in prompts) / max(1, len(prompts)))
     draft = specs[LLAMA_CPP].draft
     rows = bench_costs(
@@ -105,7 +103,7 @@ def bench_llama_ct(cfg: Config, keys: dict, prompts: list, ks: range) -> pd.Data
     )
     for k in ("hardware", "target", "pair", "shape_only"):
         rows[k] = keys[k]
-    rows["dtype"] = f"gguf:{lc.target}"
+    rows["dtype"] = lc.row_dtype
     rows["batch_size"] = 1
-    rows["draft"] = lc.draft if lc.draft_is_ngram else f"gguf:{lc.draft}"
+    rows["draft"] = lc.row_draft
     return rows
