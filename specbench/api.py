@@ -9,9 +9,9 @@ import pandas as pd
 import torch
 
 from specbench.bench.workloads import Prompt, render_prompt
-from specbench.config import DraftConfig, ModelConfig, PairConfig
+from specbench.config import DraftConfig, ForwardConfig, ModelConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
-from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
@@ -48,6 +48,7 @@ def decode(
     seed: int = 0,
     speculative: bool = True,
     chat_template: bool = True,
+    forward: str = "eager",
 ) -> DecodeOutput:
     """Decode a batch of prompts (one batch of B = len(prompts)) with speculative decoding,
     or the autoregressive baseline when `speculative=False`.
@@ -55,6 +56,7 @@ def decode(
     `draft` is 'w8a16' (int8 copy of the target), 'ngram' (prompt lookup) or 'model'
     (then `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
+    `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
     """
     sampling = SamplingConfig(
         temperature,
@@ -71,6 +73,7 @@ def decode(
         name="api", target=ModelConfig(source=target), draft=ModelConfig(source=draft_model), dtype=dtype, device=device
     )
     draft_cfg = DraftConfig(kind=draft)  # validates the kind against DRAFT_KINDS
+    forward_cfg = ForwardConfig(path=forward)  # validates the path
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
         raise ValueError(f"draft={draft!r} needs draft_model (a model id, .gguf file or directory)")
     pair = load_pair(pair_cfg, draft_cfg)
@@ -81,14 +84,16 @@ def decode(
             for i, t in enumerate(texts)
         ]
     ids = [pair.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
+    capacity = capacity_for([len(i) for i in ids], max_new_tokens, gamma)
+    pair.forward = ForwardPath(forward_cfg.path, forward_cfg.compile_mode, capacity)
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
     timer = PhaseTimer(pair.target.device)
     if speculative:
         result = speculative_decode(
-            CachedLM(pair.target), pair.new_draft(), ids, gamma, sampling, max_new_tokens, pair.eos, generator, timer
+            pair.target_lm(), pair.new_draft(), ids, gamma, sampling, max_new_tokens, pair.eos, generator, timer
         )
     else:
-        result = autoregressive_decode(CachedLM(pair.target), ids, sampling, max_new_tokens, pair.eos, generator, timer)
+        result = autoregressive_decode(pair.target_lm(), ids, sampling, max_new_tokens, pair.eos, generator, timer)
     return DecodeOutput(
         text=pair.tokenizer.batch_decode(result.tokens, skip_special_tokens=True),
         tokens=result.tokens,

@@ -21,6 +21,8 @@ from specbench.tune.samplers import SAMPLERS
 
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # the one list; models.loading maps them
+FORWARD_PATHS = ("eager", "static", "compiled")  # specbench.decoding.forward builds them
+COMPILE_MODES = ("default", "max-autotune")
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
@@ -141,6 +143,27 @@ class WorkloadConfig:
                     f"workload.context_tokens={self.context_tokens}: synthetic prompts are already "
                     "token ids; set workload.prompt_tokens instead"
                 )
+
+
+@dataclass
+class ForwardConfig:
+    """How target and draft forwards run (`specbench.decoding.forward`): `eager` over the masked
+    dynamic cache (the reference), or the fast path, a preallocated per-row cache, run eagerly
+    (`static`) or through `torch.compile` (`compiled`, compiled once per process before timing)."""
+
+    path: str = "eager"
+    compile_mode: str = "max-autotune"  # compiled: inductor "default" (freezing) or "max-autotune" (GEMM templates)
+    capacity: Optional[int] = None  # fast path KV columns per row; None: longest prompt + max_new_tokens + gamma + 2
+
+    def __post_init__(self) -> None:
+        _choice("forward.path", self.path, FORWARD_PATHS)
+        _choice("forward.compile_mode", self.compile_mode, COMPILE_MODES)
+        _at_least("forward.capacity", self.capacity, 2, nullable=True)
+
+    @property
+    def label(self) -> str:
+        """The `forward` key of rows: the path, with the compile mode when compiled."""
+        return f"{self.path}:{self.compile_mode}" if self.path == "compiled" else self.path
 
 
 @dataclass
@@ -311,6 +334,7 @@ class Config:
     ct_bench: bool = True  # once per job: the C_t(k) micro-benchmark (k = 1..16) and the weight-streaming floor
     tune: TuneConfig = field(default_factory=TuneConfig)  # +tune=gamma: choose γ with Optuna (specbench.tune)
     llama_cpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # decoder=llama_cpp's engine settings
+    forward: ForwardConfig = field(default_factory=ForwardConfig)  # eager reference or the static/compiled fast path
 
     def __post_init__(self) -> None:
         _choice("decoder", self.decoder, SPECULATIVE_DECODERS)

@@ -34,7 +34,7 @@ def _group_files(group: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "override",
-    [f"{g}={name}" for g in ("pair", "draft", "workload", "sampling") for name in _group_files(g)]
+    [f"{g}={name}" for g in ("pair", "draft", "workload", "sampling", "forward") for name in _group_files(g)]
     + [f"+sweep={name}" for name in _group_files("sweep")],
 )
 def test_every_config_composes_and_validates(override):

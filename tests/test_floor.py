@@ -37,7 +37,7 @@ def test_weight_bytes_count_what_a_decode_step_reads():
 
 def test_stream_probe_rows():
     rows = bench_weight_stream(torch.float32, "cpu", probe_bytes=8 << 20, repeats=3)
-    assert [r["repeat"] for r in rows] == [0, 1, 2]
+    assert [(r["probe"], r["repeat"]) for r in rows] == [(p, i) for p in ("matvec", "read") for i in range(3)]
     assert all(r["probe_bytes"] == 8 << 20 and r["t_stream"] > 0 for r in rows)
 
 
@@ -48,8 +48,9 @@ def _timing(**extra) -> pd.DataFrame:
 
 def _floor(draft_bytes: int = 135_000_000) -> pd.DataFrame:
     keys = {"hardware": "cpu:x", "dtype": "bfloat16", "target": "t", "draft": "d"}
-    # 270 MB in 27, 18 and 20 ms: 10, 15 and 13.5 GB/s, median 13.5 GB/s.
-    rows = [(270_000_000, 0, t, 270_000_000, draft_bytes) for t in (0.027, 0.018, 0.020)]
+    # matvec: 270 MB in 27, 18 and 20 ms: 10, 15 and 13.5 GB/s, median 13.5 GB/s; read: 27 GB/s.
+    rows = [("matvec", 270_000_000, 0, t, 270_000_000, draft_bytes) for t in (0.027, 0.018, 0.020)]
+    rows += [("read", 270_000_000, 0, 0.010, 270_000_000, draft_bytes)]
     return pd.DataFrame(rows, columns=FLOOR_COLUMNS).assign(**keys)
 
 
@@ -61,6 +62,10 @@ def test_hardware_limit_hand_values():
     assert math.isclose(row["draft_floor"], 0.010)
     assert math.isclose(row["ct1_over_floor"], 2.0)
     assert math.isclose(row["cd_over_floor"], 2.4)
+    assert math.isclose(row["read_bandwidth"], 27e9) and math.isclose(row["target_floor_read"], 0.010)
+    assert math.isclose(row["ct1_over_floor_read"], 4.0) and math.isclose(row["cd_over_floor_read"], 4.8)
+    old = hardware_limit(_timing(), _floor().query("probe == 'matvec'").drop(columns="probe")).iloc[0]
+    assert math.isclose(old["ct1_over_floor"], 2.0) and math.isnan(old["ct1_over_floor_read"])  # runs before the probe
     ngram = hardware_limit(_timing(), _floor(draft_bytes=0)).iloc[0]
     assert math.isnan(ngram["draft_floor"]) and math.isnan(ngram["cd_over_floor"])  # no weights, no floor
     assert hardware_limit(_timing(), None).empty

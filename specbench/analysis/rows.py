@@ -27,9 +27,9 @@ from specbench.decoding.records import AUTOREGRESSIVE, BASELINE_OF, BASELINES, S
 # Keys that identify what an acceptance profile depends on (not hardware or batch).
 ACCEPTANCE_KEYS = ("target", "draft", "decoder", "workload", "sampling")
 # Keys a timing profile is specific to.
-TIMING_KEYS = ("hardware", "dtype", "target", "draft", "decoder", "batch_size")
+TIMING_KEYS = ("hardware", "dtype", "forward", "target", "draft", "decoder", "batch_size")
 # Keys of one "setting" for speedup comparisons (one acceptance x one timing profile).
-SETTING_KEYS = ("target", "draft", "decoder", "workload", "sampling", "hardware", "dtype", "batch_size")
+SETTING_KEYS = ("target", "draft", "decoder", "workload", "sampling", "hardware", "dtype", "forward", "batch_size")
 # Keys that do not select the AR baseline rows of a setting.
 AR_IGNORE = ("draft", "draft_kind", "decoder", "gamma", "gamma_setting")
 

@@ -15,10 +15,12 @@ from specbench.audit.variants import get_variant
 from specbench.decoding.acceptance import rejection_sample
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
+from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig, TokenContext
 
-DECODER_NAMES = ("speculative", "autoregressive", "hf_assisted")
+# speculative:<path>: specbench's decoder on the fast path (`specbench.decoding.forward`; compiled: inductor default)
+DECODER_NAMES = ("speculative", "speculative:static", "speculative:compiled", "autoregressive", "hf_assisted")
 # llama.cpp's, run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding)
 LLAMA_CPP_AUDIT_DECODERS = ("llama_cpp", "llama_cpp:probabilistic", "llama_cpp_autoregressive")
 DECODER_CHOICES = " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS) + " | broken:<variant>"
@@ -81,12 +83,17 @@ def speculative_decoder(
     batch_size: int = 1024,
     variant: str | None = None,
     batched_prefill: bool = True,
+    forward: str = "eager",
 ) -> DecoderUnderTest:
-    """specbench's `speculative_decode` with a model draft, or one of its broken variants."""
+    """specbench's `speculative_decode` with a model draft, or one of its broken variants; `forward`
+    is the forward path (eager: the reference cache; static / compiled: the fast path)."""
     v = get_variant(variant) if variant else None
-    lm_class = SharedPrefillLM if batched_prefill else CachedLM
 
     def run(prompts, tokens, generator):
+        if forward == "eager":
+            lm_class = SharedPrefillLM if batched_prefill else CachedLM
+        else:  # one StaticLM per model and capacity for the whole audit: compiled once
+            lm_class = ForwardPath(forward, "default", capacity_for([len(p) for p in prompts], tokens, gamma)).lm
         draft = v.new_draft(draft_model) if v else ModelDraft(draft_model, name="draft")
         draft.lm = lm_class(draft_model)
         result = speculative_decode(
@@ -103,7 +110,7 @@ def speculative_decoder(
         )
         return result.tokens
 
-    name = f"broken:{variant}" if variant else "speculative"
+    name = f"broken:{variant}" if variant else "speculative" if forward == "eager" else f"speculative:{forward}"
     return DecoderUnderTest(name, _batched(run, batch_size), gamma, first_speculative_token=2)
 
 
@@ -171,8 +178,9 @@ def make_decoder(
 ) -> DecoderUnderTest:
     """The decoder under test called `name` (see `DECODER_CHOICES`)."""
     check_decoder_name(name)
-    if name == "speculative":
-        return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size)
+    if name.startswith("speculative"):
+        forward = name.partition(":")[2] or "eager"
+        return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, forward=forward)
     if name == "autoregressive":
         return autoregressive_decoder(target, sampling, eos, settings.batch_size)
     if name == "hf_assisted":

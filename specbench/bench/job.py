@@ -29,10 +29,13 @@ from specbench.bench.protocol import (
 from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
+from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.records import LLAMA_CPP_DECODERS
 from specbench.llama_cpp.servers import JobServers, bench_llama_ct
 from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.loading import fastest_cpu_dtype
 from specbench.models.pair import Pair, load_pair
+from specbench.models.quant import kernel_choices
 
 log = logging.getLogger(__name__)
 CT_KS = range(1, 17)  # k of the per-job C_t(k) micro-benchmark
@@ -89,6 +92,29 @@ def check_shape_only_workload(cfg: Config) -> None:
         )
 
 
+def auto_dtype_record(cfg: Config) -> dict:
+    """`pair.dtype=auto` on CPU: the measured choice and the probe's seconds (`fastest_cpu_dtype`)."""
+    if cfg.pair.dtype != "auto" or cfg.pair.device != "cpu":
+        return {}
+    chosen, seconds = fastest_cpu_dtype()
+    return {"auto_dtype": {"chosen": chosen, "probe_seconds": seconds}}
+
+
+def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> dict[str, float]:
+    """Put the job's forward path on the pair and compile every shape its decoders will run, before
+    anything is timed (target: k = 1 and γ + 1; draft: k = 1 and 2). Returns seconds per model."""
+    f = cfg.forward
+    capacity = f.capacity or capacity_for([len(p.ids) for p in prompts], cfg.max_new_tokens, cfg.gamma)
+    pair.forward = ForwardPath(f.path, f.compile_mode, capacity)
+    if not pair.forward.fast:
+        return {}
+    seconds = {"target": pair.forward.warm_up(pair.target, cfg.batch_size, sorted({1, cfg.gamma + 1}))}
+    if pair.draft_model is not None and cfg.gamma >= 1:
+        seconds["draft"] = pair.forward.warm_up(pair.draft_model, cfg.batch_size, [1, 2])
+    log.info("forward.path=%s: compiled in %s", f.label, {k: round(v, 1) for k, v in seconds.items()})
+    return seconds
+
+
 def run_job(cfg: Config, job_dir: Path, resolved_yaml: str | None = None) -> bool:
     """Run one job into `job_dir`; returns False when it was already done (skip-if-done)."""
     if not runstore.prepare_job_dir(job_dir, force=cfg.force):
@@ -109,6 +135,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
     check_shape_only_workload(cfg)
     pair = load_pair(cfg.pair, cfg.draft)
     prompts = encode_workload(cfg, pair)
+    compile_seconds = set_forward_path(cfg, pair, prompts)
     keys = job_keys(cfg, pair)
     names = decoders(cfg)
     batches = batches_of(prompts, cfg.batch_size)
@@ -122,6 +149,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
             rd, qd = measure_batch(cfg, pair, keys, names, i, batches[i], repeat, telemetry, servers)
             rounds.append(rd)
             requests.append(qd)
+    new_shapes = pair.forward.new_shapes(pair.target, pair.draft_model)  # before C_t(k) meets its own ks
     runstore.write_table(job_dir, "rounds", pd.concat(rounds, ignore_index=True))
     runstore.write_table(job_dir, "requests", pd.concat(requests, ignore_index=True).assign(**peak.record))
     if cfg.ct_bench and any(n not in LLAMA_CPP_DECODERS for n in names):  # torch decoders: their costs
@@ -139,5 +167,13 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
             "repeats": cfg.repeats,
             "telemetry": meta,
             "memory": peak.record,
+            **auto_dtype_record(cfg),
+            "draft_kernel_rows": kernel_choices(pair.draft_model) if pair.draft_model is not None else {},
+            "forward": {
+                "path": cfg.forward.label,
+                "capacity": pair.forward.capacity,
+                "compile_seconds": compile_seconds,  # before warm-up; never inside a timed phase
+                "new_shapes_while_measured": new_shapes,
+            },
         },
     )

@@ -18,10 +18,11 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import PhaseTimer
 
 CT_COLUMNS = ["batch_size", "k", "context_len", "repeat", "t_forward"]
-FLOOR_COLUMNS = ["probe_bytes", "repeat", "t_stream", "target_weight_bytes", "draft_weight_bytes"]
+FLOOR_COLUMNS = ["probe", "probe_bytes", "repeat", "t_stream", "target_weight_bytes", "draft_weight_bytes"]
 
 
 def bench_target_forward(
@@ -31,12 +32,15 @@ def bench_target_forward(
     context_len: int = 128,
     repeats: int = 3,
     seed: int = 0,
+    lm: CachedLM | StaticLM | None = None,
 ) -> list[dict]:
-    """Rows (batch_size, k, context_len, repeat, t_forward seconds) over a random context."""
+    """Rows (batch_size, k, context_len, repeat, t_forward seconds) over a random context.
+
+    `lm`: the job's LM object for `target` (its forward path); None: the eager reference."""
     g = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     context = torch.randint(0, vocab, (batch_size, context_len), generator=g).tolist()
-    lm = CachedLM(target)
+    lm = lm if lm is not None else CachedLM(target)
     lm.prefill(context)
     timer = PhaseTimer(target.device)
     warm = torch.randint(0, vocab, (batch_size, 1), generator=g).to(target.device)
@@ -81,20 +85,27 @@ def streamed_weight_bytes(model: nn.Module | None) -> int:
 def bench_weight_stream(
     dtype: torch.dtype, device: torch.device | str, probe_bytes: int | None = None, repeats: int = 5, hidden: int = 2048
 ) -> list[dict]:
-    """Rows (probe_bytes, repeat, t_stream seconds): one [1, hidden] x [hidden, N] linear over a
-    `probe_bytes` weight matrix (256 MiB on CPU, 1 GiB on CUDA: far past the last-level cache)."""
+    """Rows (probe, probe_bytes, repeat, t_stream seconds) over a `probe_bytes` matrix (256 MiB on CPU,
+    1 GiB on CUDA: far past the last-level cache). Two probes: `matvec`, one [1, hidden] x [hidden, N]
+    linear in `dtype` (the op a decode step runs, at the library's kernel), and `read`, a sum over the
+    same bytes (how fast this machine can read them at all: a kernel can do no better)."""
     device = torch.device(device)
     probe_bytes = probe_bytes or (1 << 30 if device.type == "cuda" else 256 << 20)
     element = torch.empty((), dtype=dtype).element_size()
     weight = torch.empty(probe_bytes // (element * hidden), hidden, dtype=dtype, device=device).uniform_(-1, 1)
     x = torch.ones(1, hidden, dtype=dtype, device=device)
+    flat = weight.view(-1).view(torch.float32) if (weight.numel() * element) % 4 == 0 else weight.view(-1)
+    probes = {"matvec": lambda: nn.functional.linear(x, weight), "read": lambda: flat.sum()}
     timer = PhaseTimer(device)
-    nn.functional.linear(x, weight)  # first call pays one-off costs; not recorded
     marks = []
-    for repeat in range(repeats):
-        start = timer.mark()
-        nn.functional.linear(x, weight)
-        marks.append((repeat, start, timer.mark()))
+    for probe, run in probes.items():
+        run()  # first call pays one-off costs; not recorded
+        for repeat in range(repeats):
+            start = timer.mark()
+            run()
+            marks.append((probe, repeat, start, timer.mark()))
     seconds = timer.resolve()
     nbytes = weight.numel() * element
-    return [{"probe_bytes": nbytes, "repeat": r, "t_stream": seconds[e] - seconds[s]} for r, s, e in marks]
+    return [
+        {"probe": p, "probe_bytes": nbytes, "repeat": r, "t_stream": seconds[e] - seconds[s]} for p, r, s, e in marks
+    ]

@@ -24,7 +24,6 @@ from specbench.bench.microbench import bench_target_forward, bench_weight_stream
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
 from specbench.decoding.decoder import DecodeResult, autoregressive_decode, speculative_decode
-from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.records import (
     AUTOREGRESSIVE,
     BASELINE_OF,
@@ -42,7 +41,7 @@ from specbench.models.pair import Pair
 
 SEED_STRIDE = 1_000_003  # seed step between repeats: batches of different repeats never share a seed
 WARMUP_TOKENS = 16
-CT_KEYS = ("hardware", "dtype", "target", "pair", "shape_only")  # what the cost model matches C_t(k) rows on
+CT_KEYS = ("hardware", "dtype", "forward", "target", "pair", "shape_only")  # what the cost model matches C_t(k) rows on
 
 
 @dataclass
@@ -120,6 +119,7 @@ def job_keys(cfg: Config, pair: Pair) -> dict:
         "gamma_setting": cfg.gamma,
         "max_new_tokens": cfg.max_new_tokens,
         "dtype": str(pair.target.dtype).removeprefix("torch."),
+        "forward": cfg.forward.label,
         "device": cfg.pair.device,
         "hardware": hardware_label(cfg.pair.device),
     }
@@ -150,7 +150,7 @@ def decode_batch(
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
     timer = PhaseTimer(pair.target.device)
     if decoder == AUTOREGRESSIVE:
-        return autoregressive_decode(CachedLM(pair.target), ids, sampling, max_new_tokens, pair.eos, generator, timer)
+        return autoregressive_decode(pair.target_lm(), ids, sampling, max_new_tokens, pair.eos, generator, timer)
     if decoder == HF_ASSISTED:
         from specbench.decoding.hf_assisted import hf_assisted_decode  # transformers' generate: loaded on use
 
@@ -158,7 +158,7 @@ def decode_batch(
             pair.target, pair.draft_model, ids, cfg.gamma, sampling, max_new_tokens, pair.eos, seed, timer
         )
     return speculative_decode(
-        CachedLM(pair.target), pair.new_draft(), ids, cfg.gamma, sampling, max_new_tokens, pair.eos, generator, timer
+        pair.target_lm(), pair.new_draft(), ids, cfg.gamma, sampling, max_new_tokens, pair.eos, generator, timer
     )
 
 
@@ -207,7 +207,10 @@ def measure_batch(
 def bench_ct(cfg: Config, pair: Pair, keys: dict, prompts: list[EncodedPrompt], ks: range) -> pd.DataFrame:
     """C_t(k) rows at the job's batch size and the prompts' mean length, labelled with `CT_KEYS`."""
     context = int(sum(len(p.ids) for p in prompts) / max(1, len(prompts)))
-    ct = pd.DataFrame(bench_target_forward(pair.target, cfg.batch_size, ks, context, seed=cfg.seed))
+    if cfg.forward.path == "compiled":  # only the shapes the job compiled: a new k would compile here
+        ks = sorted({1, cfg.gamma + 1})
+    lm = pair.target_lm()
+    ct = pd.DataFrame(bench_target_forward(pair.target, cfg.batch_size, ks, context, seed=cfg.seed, lm=lm))
     for k in CT_KEYS:
         ct[k] = keys[k]
     return ct

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig, TokenContext, process_logits, sample
+from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import to_device
 
 
@@ -55,8 +56,8 @@ class Draft(Protocol):
 class ModelDraft:
     """A causal LM that shares the target's tokenizer, sampled autoregressively."""
 
-    def __init__(self, model: PreTrainedModel, name: str = "model") -> None:
-        self.lm = CachedLM(model)
+    def __init__(self, model: PreTrainedModel, name: str = "model", lm: CachedLM | StaticLM | None = None) -> None:
+        self.lm = lm if lm is not None else CachedLM(model)  # the job's forward path, or the eager reference
         self.name = name
         self._gamma = 0
 

@@ -44,7 +44,7 @@ DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
 def _model_draft(pair: Pair) -> Draft:
     from specbench.decoding.drafts import ModelDraft
 
-    return ModelDraft(pair.draft_model, name=pair.draft_kind)
+    return ModelDraft(pair.draft_model, name=pair.draft_kind, lm=pair.forward.lm(pair.draft_model))
 
 
 def _load_pair_draft(target, pair_cfg, draft_cfg, load_model):

@@ -4,13 +4,14 @@ sweep's jobs (and the baseline) share one loaded copy."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.config import DraftConfig, ModelConfig, PairConfig
 from specbench.decoding.drafts import Draft
+from specbench.decoding.forward import ForwardPath
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.models.loading import check_same_tokenizer, check_same_vocab, eos_ids, load_model, resolve_dtype
 
@@ -24,10 +25,15 @@ class Pair:
     eos: set[int]
     shape_only: bool
     draft_cfg: DraftConfig
+    forward: ForwardPath = field(default_factory=ForwardPath)  # the job sets its path and capacity
 
     def new_draft(self) -> Draft:
         """A draft with fresh state, proposing for this pair's target."""
         return DRAFT_KINDS.get(self.draft_kind, "draft.kind").build(self)
+
+    def target_lm(self):
+        """The target's LM object on this pair's forward path (`CachedLM` or `StaticLM`)."""
+        return self.forward.lm(self.target)
 
 
 @functools.lru_cache(maxsize=4)

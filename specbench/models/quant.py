@@ -11,15 +11,58 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 
 import torch
 from torch import nn
+
+KERNEL_DTYPES = {"int8": (torch.bfloat16,), "int4": (torch.bfloat16, torch.float16, torch.float32)}
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which kernel and dequantized GEMM are timed
+
+
+def _median_time(run, x: torch.Tensor) -> float:
+    """Median of 3 calls after a warm-up (1 call when the warm-up alone took over 50 ms)."""
+    start = time.perf_counter()
+    run(x)
+    if time.perf_counter() - start > 0.05:
+        start = time.perf_counter()
+        run(x)
+        return time.perf_counter() - start
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run(x)
+        samples.append(time.perf_counter() - start)
+    return sorted(samples)[1]
+
+
+@functools.cache
+def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device) -> int:
+    """The most rows (of `PROBE_ROWS`) up to which torch's weight-only `kind` kernel beats a dequantized
+    GEMM at this shape and dtype on this machine; 0 where it never does, or does not apply (not CPU,
+    another dtype). Timed once per process per shape, when a layer is quantized. A GEMM's cost does
+    not fall as rows grow, so a kernel under half the last GEMM time wins without timing the GEMM again."""
+    if torch.device(device).type != "cpu" or dtype not in KERNEL_DTYPES[kind]:
+        return 0
+    linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype)
+    layer = (Int8Linear if kind == "int8" else Int4Linear)(linear, probe=False)
+    best, gemm = 0, 0.0
+    with torch.inference_mode():
+        for rows in PROBE_ROWS:
+            x = torch.randn(rows, in_features, dtype=dtype)
+            kernel = _median_time(layer.kernel, x)
+            if kernel >= gemm / 2:
+                gemm = _median_time(layer.gemm, x)
+            if kernel > gemm:
+                break
+            best = rows
+    return best
 
 
 class Int8Linear(nn.Module):
     """y = x @ (w_int8 * scale).T (+ bias), per-output-channel symmetric scales."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, probe: bool = True) -> None:
         super().__init__()
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0  # [out]
@@ -27,16 +70,27 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.to(linear.weight.dtype))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        # torch's int8 kernel wins while memory-bound (few rows: decode steps); past some rows (prefill,
+        # big batches, long verifies) one dequantized GEMM is faster. Where, depends on shape and ISA.
+        self.kernel_rows = (
+            kernel_rows("int8", self.out_features, self.in_features, self.scale.dtype, self.weight.device)
+            if probe
+            else max(PROBE_ROWS)
+        )
+
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
+
+    def gemm(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(flat, self.weight.to(flat.dtype)) * self.scale.to(flat.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        # torch's int8 kernel wins while memory-bound (few rows: decode steps); past ~12 rows
-        # (prefill, big batches) dequantizing into one bf16 GEMM is faster (measured here).
-        if flat.device.type == "cpu" and flat.dtype == torch.bfloat16 and flat.shape[0] <= 12:
-            y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
+        if flat.device.type == "cpu" and flat.dtype in KERNEL_DTYPES["int8"] and flat.shape[0] <= self.kernel_rows:
+            y = self.kernel(flat)
         else:
-            y = torch.nn.functional.linear(flat, self.weight.to(flat.dtype)) * self.scale.to(flat.dtype)
+            y = self.gemm(flat)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
@@ -46,10 +100,8 @@ class Int4Linear(nn.Module):
     """y = x @ w4.T (+ bias): w = (q − 8)·scale + zero per group of `GROUP` input channels, q in 0..15."""
 
     GROUP = 32
-    KERNEL_ROWS = 12  # like Int8Linear: the kernel's cost grows with the rows, a dequantized GEMM's does not
-    KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, probe: bool = True) -> None:
         super().__init__()
         n, k, g = linear.out_features, linear.in_features, self.GROUP
         if k % g:
@@ -67,6 +119,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))  # the activations' dtype: no cast per call
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = k, n
+        # Like Int8Linear: the kernel's cost grows with the rows, a dequantized GEMM's does not.
+        self.kernel_rows = (
+            kernel_rows("int4", n, k, self.scales_zeros.dtype, self.packed.device) if probe else max(PROBE_ROWS)
+        )
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight [out, in] the kernel multiplies by, in `dtype`."""
@@ -75,14 +131,20 @@ class Int4Linear(nn.Module):
         w = (self.unpacked.reshape(n, k // g, g).float() - 8) * sz[..., :1] + sz[..., 1:]
         return w.reshape(n, k).to(dtype)
 
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        sz = self.scales_zeros.to(flat.dtype)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.GROUP, sz)
+
+    def gemm(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(flat, self.dequantized(flat.dtype))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.device.type == "cpu" and flat.dtype in self.KERNEL_DTYPES and flat.shape[0] <= self.KERNEL_ROWS:
-            sz = self.scales_zeros.to(flat.dtype)
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.GROUP, sz)
+        if flat.device.type == "cpu" and flat.dtype in KERNEL_DTYPES["int4"] and flat.shape[0] <= self.kernel_rows:
+            y = self.kernel(flat)
         else:
-            y = torch.nn.functional.linear(flat, self.dequantized(flat.dtype))
+            y = self.gemm(flat)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
@@ -118,3 +180,11 @@ def quantize_w8a16_cached(model: nn.Module) -> nn.Module:
 def quantize_w4a16_cached(model: nn.Module) -> nn.Module:
     """`quantize_w4a16`, once per loaded model per process."""
     return quantize_w4a16(model)
+
+
+def kernel_choices(model: nn.Module) -> dict[str, int]:
+    """Per quantized weight shape, the rows up to which its layers use torch's kernel (for job records)."""
+    kinds = {Int8Linear: "int8", Int4Linear: "int4"}
+    return {
+        f"{kinds[type(m)]} {m.out_features}x{m.in_features}": m.kernel_rows for m in model.modules() if type(m) in kinds
+    }

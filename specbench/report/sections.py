@@ -194,17 +194,20 @@ class ReportData:
 def hardware_limit_view(hl: pd.DataFrame) -> pd.DataFrame:
     """`hardware_limit` for reading: GB/s, MB, milliseconds and ratios."""
     ms = lambda col: (hl[col] * 1e3).round(2)
-    view = hl[[k for k in ("hardware", "dtype", "target", "draft", "batch_size") if k in hl]].copy()
-    view["stream GB/s"] = (hl["bandwidth"] / 1e9).round(1)
+    view = hl[[k for k in ("hardware", "dtype", "forward", "target", "draft", "batch_size") if k in hl]].copy()
+    view["matvec GB/s"] = (hl["bandwidth"] / 1e9).round(1)
+    view["read GB/s"] = (hl["read_bandwidth"] / 1e9).round(1)
     view["target MB"] = (hl["target_weight_bytes"] / 1e6).round(1)
     view["target floor ms"] = ms("target_floor")
     view["C_t1 ms"] = ms("ct1")
     view["C_t1 ÷ floor"] = hl["ct1_over_floor"].round(2)
+    view["C_t1 ÷ read floor"] = hl["ct1_over_floor_read"].round(2)
     view["draft MB"] = (hl["draft_weight_bytes"] / 1e6).round(1)
     view["draft floor ms"] = ms("draft_floor")
     view["C_d per token ms"] = ms("cd_per_token")
     view["C_d ÷ floor"] = hl["cd_over_floor"].round(2)
-    return drop_constant_keys(view)
+    view["C_d ÷ read floor"] = hl["cd_over_floor_read"].round(2)
+    return drop_constant_keys(view.dropna(axis=1, how="all"))
 
 
 def drop_constant_keys(df: pd.DataFrame, keys=(*SETTING_KEYS, "category")) -> pd.DataFrame:

@@ -1,0 +1,55 @@
+"""Which object runs a model's forwards: the job's choice of `forward.path`, one place for all decoders.
+
+`eager`: a fresh `CachedLM` per decode (the reference). `static` / `compiled`: one `StaticLM` per
+(model, capacity) for the whole process, so its buffers, and for `compiled` its compiled graphs, are
+made once and every decode, the C_t(k) micro-benchmark included, reuses them.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel
+
+from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.static_kv import StaticLM
+
+CAPACITY_STEP = 64  # capacities round up to this, so jobs whose needs differ a little share graphs
+_STATIC: dict[tuple, StaticLM] = {}  # (id(model), capacity, compile mode) -> the process's StaticLM
+
+
+def capacity_for(prompt_lens: list[int], max_new_tokens: int, gamma: int) -> int:
+    """KV columns a row can need: its prompt, every new token and one verify forward of γ + 1 on top."""
+    need = max(prompt_lens) + max_new_tokens + gamma + 2
+    return -(-need // CAPACITY_STEP) * CAPACITY_STEP
+
+
+class ForwardPath:
+    """Hands out the LM object for a model on this path (`path`: a name in `config.FORWARD_PATHS`)."""
+
+    def __init__(self, path: str = "eager", compile_mode: str = "max-autotune", capacity: int | None = None) -> None:
+        self.path, self.compile_mode, self.capacity = path, compile_mode, capacity
+
+    @property
+    def fast(self) -> bool:
+        return self.path != "eager"
+
+    def lm(self, model: PreTrainedModel) -> CachedLM | StaticLM:
+        """The LM to decode with: fresh for eager, the process's one StaticLM otherwise (prefill resets it)."""
+        if not self.fast:
+            return CachedLM(model)
+        if self.capacity is None:
+            raise ValueError(f"forward.path={self.path!r} needs forward.capacity (the job sizes it: capacity_for)")
+        mode = self.compile_mode if self.path == "compiled" else None
+        key = (id(model), self.capacity, mode)
+        if key not in _STATIC or _STATIC[key].model is not model:
+            _STATIC[key] = StaticLM(model, self.capacity, compile_mode=mode)
+        return _STATIC[key]
+
+    def warm_up(self, model: PreTrainedModel | None, batch_size: int, ks: list[int]) -> float:
+        """Compile every (batch_size, k) forward of `model` before anything is timed; seconds (0 for eager)."""
+        if model is None or not self.fast:
+            return 0.0
+        return self.lm(model).warm_up(batch_size, ks)
+
+    def new_shapes(self, *models: PreTrainedModel | None) -> int:
+        """Forwards since warm-up that met a shape warm-up had not (compiled inside a decode): should be 0."""
+        return sum(self.lm(m).new_shapes for m in models if m is not None) if self.fast else 0

@@ -1,0 +1,260 @@
+"""The fast path: a causal LM over a preallocated KV cache with one write position per row.
+
+Every row keeps its committed tokens in columns 0..n-1 of a [B, kv_heads, capacity, d] buffer
+per layer, so a token's position is its column and a rollback is a length change (gpt-fast's
+cache, with per-row lengths since rows accept different counts): no holes, no crop, no
+compaction, and every forward over k tokens has the same shapes ([B, k] in, [B, 1, k, capacity]
+mask), which is what lets `torch.compile` (inductor on CPU, CUDA graphs on GPU) run the draft
+step and the verify forward without per-op Python dispatch.
+
+`StaticLM` has `CachedLM`'s interface, so drafts and the decoder do not know which one they
+hold; `CachedLM` stays the reference. Invariant (tested, as for `CachedLM`): columns 0..n-1 of a
+row hold exactly its committed tokens, with the KV a fresh prefill of them gives.
+The batch is fixed too: a finished row keeps its slot (its forwards are wasted work, nearly free
+while a step is memory-bound), so the shapes a decode meets are (B, 1), (B, 2) and (B, γ+1).
+Compilation happens in `warm_up`, timed apart (`compile_seconds`); a shape first met inside a
+decode is counted in `new_shapes`, so a run shows that none was compiled inside a timed phase.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specbench.decoding.kvcache import attention_windows
+from specbench.decoding.timing import to_device, to_host
+
+
+class RowLayer(CacheLayerMixin):
+    """One layer's keys and values [B, kv_heads, capacity, d], written at the owner's `write_at` [B, k]."""
+
+    is_compileable = True
+
+    def __init__(self, owner: RowCache) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("RowLayer buffers are allocated by StaticLM.prefill")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        index = self.owner.write_at[:, None, :, None]  # [B, 1, k, 1]
+        self.keys.scatter_(2, index.expand_as(key_states), key_states)
+        self.values.scatter_(2, index.expand_as(value_states), value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class RowCache(Cache):
+    """transformers' Cache over `RowLayer`s; `write_at` [B, k] is set before every forward."""
+
+    def __init__(self, n_layers: int) -> None:
+        super().__init__(layers=[RowLayer(self) for _ in range(n_layers)])
+        self.write_at = torch.zeros(0, 0, dtype=torch.long)
+
+
+class StaticLM:
+    """`CachedLM`'s interface over a `RowCache` of fixed batch and capacity; forwards compiled per k."""
+
+    def __init__(self, model: PreTrainedModel, capacity: int, compile_mode: str | None = None) -> None:
+        if capacity < 2:
+            raise ValueError(f"forward.capacity={capacity}: the fast path's KV cache needs at least 2 columns")
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl != "sdpa":
+            raise ValueError(f"model config _attn_implementation={impl!r}: forward.path=static/compiled needs 'sdpa'")
+        self.model = model
+        self.device = model.device
+        self.windows = attention_windows(model.config)
+        self.capacity = capacity
+        self.cache = RowCache(model.config.get_text_config(decoder=True).num_hidden_layers)
+        self.slots: list[int] = []  # the active rows' slots in the buffers (finished rows keep theirs)
+        self.lengths: list[int] = []  # committed tokens cached per slot (= its next write column)
+        self.compiled = compile_mode is not None
+        self.compile_seconds = 0.0  # warm_up's wall time: compilation (and the first run) of every shape
+        self.new_shapes = 0  # forwards outside warm_up that met a shape warm_up had not
+        self._shapes: set[tuple[int, int]] = set()
+        self._forward = compiled_forward(self._step, compile_mode, model.device) if self.compiled else self._step
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def n_valid_host(self) -> list[int]:
+        """Committed tokens cached per active row (`CachedLM`'s name for it)."""
+        return [self.lengths[s] for s in self.slots]
+
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One forward of tokens [S, k] at positions [S, k] (= their columns), S = every slot; logits [S, k, V]."""
+        self.cache.write_at = positions
+        columns = torch.arange(self.capacity, device=positions.device)
+        allowed = columns[None, None, None, :] <= positions[:, None, :, None]  # [S, 1, k, capacity]
+        masks = {
+            layer_type: allowed if window is None else allowed & (columns > positions[:, None, :, None] - window)
+            for layer_type, window in self.windows.items()
+        }
+        mask = masks if len(masks) > 1 else next(iter(masks.values()))
+        out = self.model(
+            input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
+        )
+        return out.logits
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Every row prefilled alone (eagerly) into its slot; logits [B, V] after each prompt.
+
+        The buffers are reused while the batch size is unchanged (a compiled forward keeps them)."""
+        longest = max(len(ids) for ids in prompts)
+        if longest > self.capacity:
+            raise ValueError(
+                f"forward.capacity={self.capacity}: a prompt of {longest} tokens does not fit the fast path's KV cache"
+            )
+        done: dict[tuple[int, ...], tuple[DynamicCache, torch.Tensor]] = {}  # a repeated prompt is prefilled once
+        per_row, last_logits = [], []
+        for ids in prompts:
+            if tuple(ids) not in done:
+                cache = DynamicCache()
+                x = to_device([ids], self.device)
+                out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+                done[tuple(ids)] = cache, out.logits[0, -1]
+            cache, logits = done[tuple(ids)]
+            per_row.append(cache)
+            last_logits.append(logits)
+        for i, layer in enumerate(self.cache.layers):
+            first = per_row[0].layers[i].keys  # [1, kv_heads, n, d]
+            shape = (len(prompts), first.shape[1], self.capacity, first.shape[-1])
+            if layer.keys is None or tuple(layer.keys.shape) != shape:
+                layer.keys = torch.zeros(shape, dtype=first.dtype, device=self.device)
+                layer.values = torch.zeros(shape, dtype=first.dtype, device=self.device)
+                if self.compiled:  # written in place by the compiled graph: its address must not change
+                    torch._dynamo.mark_static_address(layer.keys)
+                    torch._dynamo.mark_static_address(layer.values)
+                layer.is_initialized = True
+            for row, (cache, ids) in enumerate(zip(per_row, prompts)):
+                layer.keys[row, :, : len(ids)] = cache.layers[i].keys[0]
+                layer.values[row, :, : len(ids)] = cache.layers[i].values[0]
+        self.slots = list(range(len(prompts)))
+        self.lengths = [len(ids) for ids in prompts]
+        return torch.stack(last_logits)
+
+    @torch.inference_mode()
+    def feed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append tokens [B, k] to the active rows (all valid) and return their logits [B, k, V]."""
+        k = tokens.shape[1]
+        full = max(self.lengths[s] for s in self.slots) + k
+        if full > self.capacity:
+            raise ValueError(
+                f"forward.capacity={self.capacity}: a row would hold {full} tokens; raise forward.capacity "
+                "(null sizes it from the prompts, max_new_tokens and gamma)"
+            )
+        active = set(self.slots)
+        # A finished slot writes at columns 0..k-1: it is never read again.
+        starts = [self.lengths[s] if s in active else 0 for s in range(len(self.lengths))]
+        positions = to_device([[n + i for i in range(k)] for n in starts], self.device)  # [S, k]
+        if len(self.slots) < len(self.lengths):
+            index = to_device(self.slots, self.device)
+            tokens = torch.zeros(len(self.lengths), k, dtype=tokens.dtype, device=self.device).index_copy_(
+                0, index, tokens
+            )
+        if (len(self.lengths), k) not in self._shapes:
+            self._shapes.add((len(self.lengths), k))
+            self.new_shapes += 1
+        logits = self._forward(tokens, positions)
+        for s in self.slots:
+            self.lengths[s] += k
+        return logits if len(self.slots) == len(self.lengths) else logits[to_device(self.slots, self.device)]
+
+    def warm_up(self, batch_size: int, ks: Sequence[int]) -> float:
+        """Compile (and run once) the forward of every k at this batch size; returns the seconds it took
+        (added to `compile_seconds`). The cache's contents are left undefined: prefill before use."""
+        start = time.perf_counter()
+        for k in ks:
+            self.prefill([[0]] * batch_size)
+            self.feed(torch.zeros(batch_size, k, dtype=torch.long, device=self.device))
+        self.new_shapes = 0
+        seconds = time.perf_counter() - start
+        self.compile_seconds += seconds
+        return seconds
+
+    def feed_suffix(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Feed each row's committed tokens that are not cached yet (re-feeding the last cached ones of
+        rows that need fewer than the widest); logits [B, w, V]."""
+        need = [len(s) - n for s, n in zip(seqs, self.n_valid_host)]
+        width = max(need)
+        self.uncache_last([width - n for n in need])
+        return self.feed(to_device([s[-width:] for s in seqs], self.device))
+
+    def uncache_last(self, counts: Sequence[int] | torch.Tensor) -> None:
+        """Forget each active row's last `counts[b]` tokens (a length change)."""
+        if isinstance(counts, torch.Tensor):
+            (counts,) = to_host(counts)
+        for row, (slot, c) in enumerate(zip(self.slots, counts)):
+            if not 0 <= int(c) <= self.lengths[slot]:
+                raise ValueError(f"uncache_last: row {row} has {self.lengths[slot]} cached tokens, asked to drop {c}")
+        for slot, c in zip(self.slots, counts):
+            self.lengths[slot] -= int(c)
+
+    def keep_last_fed(
+        self, fed: int, keep: torch.Tensor | Sequence[int], keep_host: Sequence[int] | None = None
+    ) -> None:
+        """Of the last `fed` tokens, keep the first `keep[b]` of each active row (a length change)."""
+        if keep_host is None:
+            keep_host = to_host(keep)[0] if isinstance(keep, torch.Tensor) else list(keep)
+        for slot, k in zip(self.slots, keep_host):
+            self.lengths[slot] -= fed - int(k)
+
+    def select_rows(self, rows: torch.Tensor | Sequence[int]) -> None:
+        """Keep only these active rows; the others keep their slots, idle (the shapes stay fixed)."""
+        if isinstance(rows, torch.Tensor):
+            (rows,) = to_host(rows)
+        self.slots = [self.slots[int(r)] for r in rows]
+
+    def check_mirrors(self) -> None:
+        """Raise AssertionError unless slots and lengths fit the buffers (tests)."""
+        for layer in self.cache.layers:
+            assert layer.keys.shape[0] == len(self.lengths), (layer.keys.shape, self.lengths)
+        assert self.slots == sorted(set(self.slots)), self.slots
+        assert all(0 <= n <= self.capacity for n in self.lengths), self.lengths
+
+    def row_kv_bytes(self) -> int:
+        """Bytes each row holds: its slot's whole preallocated capacity, keys and values of every layer."""
+        return sum(t[0].numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
+
+    def row_kv(self, row: int, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The committed keys and values of one active row: [heads, n_valid, d] each (for tests)."""
+        slot = self.slots[row]
+        n = self.lengths[slot]
+        cache_layer = self.cache.layers[layer]
+        return cache_layer.keys[slot, :, :n], cache_layer.values[slot, :, :n]
+
+
+def compiled_forward(step, mode: str, device: torch.device):
+    """`torch.compile` of a forward with its weights frozen (prepacked once, as constants).
+
+    CPU, "max-autotune": inductor's C++ GEMM templates are timed against ATen per shape; at M = 1
+    they stream the weights ~3x faster than eager's oneDNN call on the machines here. CUDA:
+    inductor's "max-autotune" mode (Triton GEMMs and CUDA graphs). "default": freezing only.
+    The settings are inductor's process-wide config (`torch.compile(options=...)` did not apply
+    freezing here), so every later compile in the process gets them too.
+    """
+    import torch._inductor.config as inductor
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    inductor.freezing = True
+    if mode == "max-autotune" and device.type == "cpu":
+        inductor.max_autotune = True
+        inductor.max_autotune_gemm_backends = "CPP,ATEN"
+        return torch.compile(step, dynamic=False)
+    return torch.compile(step, mode=mode, dynamic=False)

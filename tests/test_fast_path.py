@@ -1,0 +1,188 @@
+"""The fast path (static per-row KV cache, eager or compiled) against the reference: greedy equality,
+the cache invariant, fixed shapes, compile bookkeeping, errors, a job on it, and the audit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from conftest import VOCAB, hf_greedy
+from test_decoder import GREEDY, _fresh_kv, make_draft
+
+from specbench.decoding.decoder import autoregressive_decode, speculative_decode
+from specbench.decoding.drafts import ModelDraft
+from specbench.decoding.forward import ForwardPath, capacity_for
+from specbench.decoding.sampling import SamplingConfig
+from specbench.decoding.static_kv import StaticLM
+
+
+def on_path(path: str, model, capacity: int = 96):
+    return ForwardPath(path, "default", capacity).lm(model)
+
+
+@pytest.mark.parametrize("kind", ["model", "w8a16", "ngram"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_static_path_greedy_equals_target_generate(kind, batch, target, close_draft, prompts):
+    ps = prompts[:batch]
+    draft = make_draft(kind, target, close_draft)
+    if isinstance(draft, ModelDraft):
+        draft.lm = StaticLM(draft.lm.model, 96)
+    result = speculative_decode(StaticLM(target, 96), draft, ps, 4, GREEDY, 24, set())
+    for row, prompt in enumerate(ps):
+        assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
+
+
+def test_static_path_baseline_equals_generate(target, prompts):
+    result = autoregressive_decode(StaticLM(target, 64), prompts, GREEDY, 20, set())
+    for row, prompt in enumerate(prompts):
+        assert result.tokens[row] == hf_greedy(target, prompt, 20)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0, top_k=20)])
+def test_static_cache_invariant_after_every_round(sampling, target, close_draft, prompts):
+    """Columns 0..n-1 of each active row equal a fresh prefill of its committed tokens (finished rows idle)."""
+    target_lm, draft = StaticLM(target, 64), ModelDraft(close_draft, lm=StaticLM(close_draft, 64))
+    checked = []
+
+    def check(seqs, rows):
+        target_lm.check_mirrors()
+        for i, seq in enumerate(seqs):
+            for layer in (0, 1):
+                k, v = target_lm.row_kv(i, layer)
+                fk, fv = _fresh_kv(target, seq[:-1], layer)
+                assert k.shape == fk.shape, (k.shape, fk.shape)
+                torch.testing.assert_close(k, fk, rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(v, fv, rtol=1e-9, atol=1e-9)
+            dk, _ = draft.lm.row_kv(i, 0)
+            n = dk.shape[1]
+            assert len(seq) - 2 <= n <= len(seq) - 1
+            torch.testing.assert_close(dk, _fresh_kv(close_draft, seq[:n], 0)[0], rtol=1e-9, atol=1e-9)
+        checked.append(len(seqs))
+
+    g = torch.Generator().manual_seed(0)
+    # Rows of different lengths finish at different rounds: finished rows keep their slots, idle.
+    speculative_decode(target_lm, draft, prompts, 3, sampling, 20, {5}, g, on_round=check)
+    assert len(checked) >= 5
+
+
+def test_static_path_samples_exactly_what_the_reference_samples(target, close_draft, prompts):
+    """Same seed, same random numbers: the fast path's sampled tokens equal the eager path's (float64)."""
+    sampling = SamplingConfig(temperature=0.9, top_p=0.9)
+    out = []
+    for path in ("eager", "static"):
+        f = ForwardPath(path, capacity=96)
+        g = torch.Generator().manual_seed(3)
+        draft = ModelDraft(close_draft, lm=f.lm(close_draft))
+        out.append(speculative_decode(f.lm(target), draft, prompts, 3, sampling, 16, set(), g).tokens)
+    assert out[0] == out[1]
+
+
+def test_shapes_stay_fixed_when_rows_finish(target, prompts):
+    lm = StaticLM(target, 64)
+    lm.warm_up(4, [1])
+    autoregressive_decode(lm, prompts, GREEDY, 12, {int(t) for t in range(0, VOCAB, 3)})  # early EOS on some rows
+    assert lm.new_shapes == 0  # every forward was (4, 1), though rows left the batch
+    lm.feed(torch.zeros(len(lm.slots), 3, dtype=torch.long))
+    assert lm.new_shapes == 1  # a k warm-up did not see is counted
+
+
+def test_capacity_errors_name_the_setting(target):
+    lm = StaticLM(target, 8)
+    with pytest.raises(ValueError, match=r"forward.capacity=8: a prompt of 9 tokens"):
+        lm.prefill([list(range(9))])
+    lm.prefill([list(range(6))])
+    with pytest.raises(ValueError, match=r"forward.capacity=8: a row would hold 9 tokens"):
+        lm.feed(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="forward.capacity=1"):
+        StaticLM(target, 1)
+    assert capacity_for([10, 30], 128, 4) == 192  # 30 + 128 + 4 + 2 = 164, rounded up to 64s
+
+
+def test_forward_path_reuses_one_static_lm_per_model(target, close_draft):
+    f = ForwardPath("static", capacity=64)
+    assert f.lm(target) is f.lm(target) and f.lm(target) is not f.lm(close_draft)
+    assert ForwardPath("static", capacity=128).lm(target) is not f.lm(target)
+    assert ForwardPath("eager").lm(target) is not ForwardPath("eager").lm(target)  # fresh per decode
+    with pytest.raises(ValueError, match="needs forward.capacity"):
+        ForwardPath("static").lm(target)
+
+
+def test_compiled_path_greedy_equals_target_generate_with_no_compile_while_decoding(target, close_draft, prompts):
+    """torch.compile (inductor, frozen weights) of the target's verify and the draft's steps: the same tokens
+    as transformers' greedy generate, ragged rows and finished rows included, and every shape compiled
+    in warm-up."""
+    f = ForwardPath("compiled", "default", 64)
+    t, d = f.lm(target), f.lm(close_draft)
+    seconds = f.warm_up(target, 4, [5]) + f.warm_up(close_draft, 4, [1, 2])
+    assert seconds > 0 and t.compile_seconds > 0 and d.compile_seconds > 0
+    result = speculative_decode(t, ModelDraft(close_draft, lm=d), prompts, 4, GREEDY, 24, set())
+    for row, prompt in enumerate(prompts):
+        assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
+    assert f.new_shapes(target, close_draft) == 0
+    per_round = {}
+    for r in result.rounds:
+        per_round.setdefault(r.round, set()).add(r.accepted)
+    assert any(len(v) > 1 for v in per_round.values()), "expected rows to accept different counts"
+
+
+def test_audit_passes_on_the_static_path():
+    from specbench.audit import TINY_PROMPTS, AuditSettings, make_decoder, run_audit, tiny_pair
+
+    target, draft = tiny_pair()
+    sampling = SamplingConfig(temperature=1.0, top_k=8)
+    settings = AuditSettings()
+    decoder = make_decoder("speculative:static", target, draft, 2, sampling, set(), settings)
+    result = run_audit(target, decoder, [list(p) for p in TINY_PROMPTS], sampling, set(), settings, cache={})
+    row = result.summary.iloc[0]
+    assert row.decoder == "speculative:static" and row.reference == "exact"
+    assert row.verdict == "pass" and row.tests >= 20, result.tests.sort_values("p_value").head()
+
+
+def test_job_on_the_static_path_labels_rows_and_records_the_path(tmp_path):
+    args = ["pair=tiny", "draft=model", "workload=synthetic", "report=false", "forward=static"]
+    args += ["max_new_tokens=6", "workload.n_prompts=2", "sweep_name=fast", f"runs_dir={tmp_path}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "specbench", *args], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (job,) = tmp_path.glob("fast/*")
+    done = json.loads((job / "done.json").read_text())
+    assert done["forward"]["path"] == "static" and done["forward"]["new_shapes_while_measured"] == 0
+    assert done["forward"]["capacity"] % 64 == 0
+    for table in ("requests", "rounds", "ct"):
+        assert set(pd.read_parquet(job / f"{table}.parquet").forward) == {"static"}, table
+
+
+def test_dtype_auto_on_cpu_is_the_measured_faster_one():
+    from specbench.models.loading import fastest_cpu_dtype, resolve_dtype
+
+    chosen, seconds = fastest_cpu_dtype()
+    assert set(seconds) == {"bfloat16", "float32"} and all(s > 0 for s in seconds.values())
+    assert chosen == min(seconds, key=lambda d: (seconds[d], d != "bfloat16"))
+    assert resolve_dtype("auto", "cpu") == getattr(torch, chosen)
+    assert resolve_dtype("float32", "cpu") == torch.float32
+
+
+@pytest.mark.parametrize("layer_class", ["Int8Linear", "Int4Linear"])
+def test_weight_only_layers_pick_their_kernel_per_shape(layer_class):
+    from specbench.models import quant
+
+    cls = getattr(quant, layer_class)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96, bias=False, dtype=torch.bfloat16)
+    layer = cls(linear)
+    assert layer.kernel_rows in (0, *quant.PROBE_ROWS)  # measured for (96, 64, bf16) on this machine
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        kernel, gemm = layer.kernel(x), layer.gemm(x)
+        torch.testing.assert_close(kernel.float(), gemm.float(), rtol=0.05, atol=0.05)  # one weight, two kernels
+        layer.kernel_rows = 3
+        assert torch.equal(layer(x), kernel)  # 3 rows <= 3: the kernel
+        layer.kernel_rows = 2
+        assert torch.equal(layer(x), gemm)  # past it: the dequantized GEMM
+    assert cls(torch.nn.Linear(64, 96, bias=False, dtype=torch.float64)).kernel_rows == 0  # no kernel for fp64
+    assert quant.kernel_choices(torch.nn.Sequential(layer)) == {f"{layer_class[:4].lower()} 96x64": 2}
