@@ -124,6 +124,9 @@ def test_compiled_path_greedy_equals_target_generate_with_no_compile_while_decod
     for row, prompt in enumerate(prompts):
         assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
     assert f.new_shapes(target, close_draft) == 0
+    # Compiled forwards run transformers' eager attention on a copy; the shared model keeps SDPA.
+    assert t.model is not target and t.model.config._attn_implementation == "eager"
+    assert target.config._attn_implementation == "sdpa"
     per_round = {}
     for r in result.rounds:
         per_round.setdefault(r.round, set()).add(r.accepted)

@@ -40,7 +40,7 @@ class ForwardPath:
             raise ValueError(f"forward.path={self.path!r} needs forward.capacity (the job sizes it: capacity_for)")
         mode = self.compile_mode if self.path == "compiled" else None
         key = (id(model), self.capacity, mode)
-        if key not in _STATIC or _STATIC[key].model is not model:
+        if key not in _STATIC or _STATIC[key].source is not model:
             _STATIC[key] = StaticLM(model, self.capacity, compile_mode=mode)
         return _STATIC[key]
 
