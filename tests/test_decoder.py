@@ -13,6 +13,7 @@ from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.hf_assisted import hf_assisted_decode
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig
+from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import PhaseTimer
 from specbench.models.quant import quantize_w4a16, quantize_w8a16
 
@@ -62,14 +63,18 @@ def _fresh_kv(model, tokens: list[int], layer: int):
     return cache.layers[layer].keys[0], cache.layers[layer].values[0]
 
 
+@pytest.mark.parametrize("path", ["eager", "static"])
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0, top_k=20)])
-def test_cache_invariant_after_every_round(sampling, target, close_draft, prompts):
-    """Each row's valid target/draft cache columns equal a fresh prefill of its committed tokens."""
-    target_lm = CachedLM(target)
-    draft = ModelDraft(close_draft)
+def test_cache_invariant_after_every_round(sampling, path, target, close_draft, prompts):
+    """Each row's valid target/draft cache columns equal a fresh prefill of its committed tokens, on the
+    reference cache and on the fast path's (where rows that finished early keep their slots, idle)."""
+    make = CachedLM if path == "eager" else (lambda model: StaticLM(model, 64))
+    target_lm = make(target)
+    draft = ModelDraft(close_draft, lm=make(close_draft))
     checked = []
 
     def check(seqs, rows):
+        target_lm.check_mirrors()
         for i, seq in enumerate(seqs):
             # Target cache holds every committed token but the newest (fed next round).
             for layer in (0, 1):
@@ -86,7 +91,7 @@ def test_cache_invariant_after_every_round(sampling, target, close_draft, prompt
         checked.append(len(seqs))
 
     g = torch.Generator().manual_seed(0)
-    speculative_decode(target_lm, draft, prompts, 3, sampling, 20, set(), g, on_round=check)
+    speculative_decode(target_lm, draft, prompts, 3, sampling, 20, {5}, g, on_round=check)  # EOS 5: ragged ends
     assert len(checked) >= 5
 
 

@@ -30,6 +30,7 @@ import torch
 
 from specbench.decoding.acceptance import Acceptance, acceptance_probability, rejection_sample, residual
 from specbench.decoding.drafts import Draft, ModelDraft
+from specbench.decoding.kvcache import feed_suffix
 from specbench.decoding.sampling import TokenContext, process_logits, sample
 
 
@@ -86,7 +87,7 @@ class RawLogitsQDraft(ModelDraft):
     raw logits, so temperature / top-k / top-p are not folded into the acceptance test."""
 
     def propose(self, seqs, gamma, sampling, generator, context=None):
-        logits = self.lm.feed_suffix(seqs)[:, -1]
+        logits = feed_suffix(self.lm, seqs)[:, -1]
         drafts, qs = [], []
         for i in range(gamma):
             token = sample(process_logits(logits, sampling, context), generator)

@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.kvcache import CachedLM, feed_suffix
 from specbench.decoding.sampling import SamplingConfig, TokenContext, process_logits, sample
 from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import to_device
@@ -68,7 +68,7 @@ class ModelDraft:
         self.lm.prefill([ids[:-1] for ids in prompts])
 
     def propose(self, seqs, gamma, sampling, generator, context=None):
-        logits = self.lm.feed_suffix(seqs)[:, -1]
+        logits = feed_suffix(self.lm, seqs)[:, -1]
         drafts, qs = [], []
         for i in range(gamma):
             q = process_logits(logits, sampling, context)  # [B, V]

@@ -81,6 +81,20 @@ def cache_row_kv_bytes(cache) -> int:
     return total
 
 
+def feed_suffix(lm, seqs: list[list[int]]) -> torch.Tensor:
+    """Feed each row's committed tokens that `lm` (a `CachedLM` or `StaticLM`) has not cached yet;
+    logits [B, w, V].
+
+    Rows need different counts (1 or 2); a row that needs fewer than the widest gets its last
+    cached tokens un-cached and fed again, so every fed token is valid and the returned last
+    position is each row's newest token.
+    """
+    need = [len(s) - n for s, n in zip(seqs, lm.n_valid_host)]
+    width = max(need)
+    lm.uncache_last([width - n for n in need])
+    return lm.feed(to_device([s[-width:] for s in seqs], lm.device))
+
+
 class CachedLM:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
@@ -185,18 +199,6 @@ class CachedLM:
                 runs.append([start, start + k])
             self.n_valid_host[row] += k
         return out.logits
-
-    def feed_suffix(self, seqs: list[list[int]]) -> torch.Tensor:
-        """Feed each row's committed tokens that are not cached yet; logits [B, w, V].
-
-        Rows need different counts (1 or 2); a row that needs fewer than the widest
-        gets its last cached tokens un-cached and fed again, so every fed token is
-        valid and the returned last position is each row's newest token.
-        """
-        need = [len(s) - n for s, n in zip(seqs, self.n_valid_host)]
-        width = max(need)
-        self.uncache_last([width - n for n in need])
-        return self.feed(to_device([s[-width:] for s in seqs], self.device))
 
     def uncache_last(self, counts: Sequence[int] | torch.Tensor) -> None:
         """Turn each row's last `counts[b]` valid columns into holes."""

@@ -202,14 +202,6 @@ class StaticLM:
         self.compile_seconds += seconds
         return seconds
 
-    def feed_suffix(self, seqs: list[list[int]]) -> torch.Tensor:
-        """Feed each row's committed tokens that are not cached yet (re-feeding the last cached ones of
-        rows that need fewer than the widest); logits [B, w, V]."""
-        need = [len(s) - n for s, n in zip(seqs, self.n_valid_host)]
-        width = max(need)
-        self.uncache_last([width - n for n in need])
-        return self.feed(to_device([s[-width:] for s in seqs], self.device))
-
     def uncache_last(self, counts: Sequence[int] | torch.Tensor) -> None:
         """Forget each active row's last `counts[b]` tokens (a length change)."""
         if isinstance(counts, torch.Tensor):
