@@ -30,7 +30,7 @@ from specbench.bench.workloads import load_workload, render_prompt
 from specbench.config import DraftConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
-from specbench.decoding.forward import ForwardPath, capacity_for
+from specbench.decoding.forward import DRAFT_KS, ForwardPath, capacity_for, target_ks
 from specbench.decoding.hf_assisted import hf_assisted_decode
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
@@ -96,9 +96,9 @@ def main() -> None:
     ids = {p.prompt_id: tok(render_prompt(p, tok), add_special_tokens=False)["input_ids"] for p in prompts}
     capacity = capacity_for([len(v) for v in ids.values()], n, max(args.gammas))
     fast = ForwardPath("compiled", args.compile_mode, capacity)
-    compile_s = {"target": fast.warm_up(target, 1, sorted({1, *(g + 1 for g in args.gammas)}))}
+    compile_s = {"target": fast.warm_up(target, 1, target_ks(*args.gammas))}
     for d, pair in pairs.items():
-        compile_s[d] = fast.warm_up(pair.draft_model, 1, [1, 2])
+        compile_s[d] = fast.warm_up(pair.draft_model, 1, list(DRAFT_KS))
     print("compile seconds:", {k: round(v, 1) for k, v in compile_s.items()}, flush=True)
 
     g0 = args.gammas[0]

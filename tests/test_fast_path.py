@@ -84,6 +84,11 @@ def test_forward_path_reuses_one_static_lm_per_model(target, close_draft):
     assert ForwardPath("eager").lm(target) is not ForwardPath("eager").lm(target)  # fresh per decode
     with pytest.raises(ValueError, match="needs forward.capacity"):
         ForwardPath("static").lm(target)
+    from specbench.decoding import forward
+
+    before = dict(forward._STATIC)
+    assert ForwardPath("static", capacity=32).new_shapes(target, close_draft) == 0  # never ran: nothing made
+    assert forward._STATIC == before
 
 
 def test_compiled_path_greedy_equals_target_generate_with_no_compile_while_decoding(target, close_draft, prompts):
@@ -120,18 +125,24 @@ def test_audit_passes_on_the_static_path():
     assert row.verdict == "pass" and row.tests >= 20, result.tests.sort_values("p_value").head()
 
 
-def test_job_on_the_static_path_labels_rows_and_records_the_path(tmp_path):
-    args = ["pair=tiny", "draft=model", "workload=synthetic", "report=false", "forward=static"]
+@pytest.mark.parametrize("path", ["static", "compiled"])
+def test_job_on_the_fast_path_labels_rows_and_records_the_path(path, tmp_path):
+    args = ["pair=tiny", "draft=model", "workload=synthetic", "report=false", f"forward={path}"]
+    args += ["forward.compile_mode=default"] if path == "compiled" else []
     args += ["max_new_tokens=6", "workload.n_prompts=2", "sweep_name=fast", f"runs_dir={tmp_path}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "specbench", *args], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = tmp_path.glob("fast/*")
     done = json.loads((job / "done.json").read_text())
-    assert done["forward"]["path"] == "static" and done["forward"]["new_shapes_while_measured"] == 0
+    label = "compiled:default" if path == "compiled" else path
+    assert done["forward"]["path"] == label and done["forward"]["new_shapes_while_measured"] == 0
     assert done["forward"]["capacity"] % 64 == 0
     for table in ("requests", "rounds", "ct"):
-        assert set(pd.read_parquet(job / f"{table}.parquet").forward) == {"static"}, table
+        assert set(pd.read_parquet(job / f"{table}.parquet").forward) == {label}, table
+    if path == "compiled":  # compiled before timing; C_t(k) only at the compiled k (1 and γ + 1 = 5)
+        assert set(done["forward"]["compile_seconds"]) == {"target", "draft"}
+        assert sorted(set(pd.read_parquet(job / "ct.parquet").k)) == [1, 5]
 
 
 def test_dtype_auto_on_cpu_is_the_measured_faster_one():

@@ -106,12 +106,9 @@ def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> d
     f = cfg.forward
     capacity = f.capacity or capacity_for([len(p.ids) for p in prompts], cfg.max_new_tokens, cfg.gamma)
     pair.forward = ForwardPath(f.path, f.compile_mode, capacity)
-    if not pair.forward.fast:
-        return {}
-    seconds = {"target": pair.forward.warm_up(pair.target, cfg.batch_size, sorted({1, cfg.gamma + 1}))}
-    if pair.draft_model is not None and cfg.gamma >= 1:
-        seconds["draft"] = pair.forward.warm_up(pair.draft_model, cfg.batch_size, [1, 2])
-    log.info("forward.path=%s: compiled in %s", f.label, {k: round(v, 1) for k, v in seconds.items()})
+    seconds = pair.forward.warm_up_pair(pair.target, pair.draft_model, cfg.batch_size, cfg.gamma)
+    if seconds:
+        log.info("forward.path=%s: compiled in %s", f.label, {k: round(v, 1) for k, v in seconds.items()})
     return seconds
 
 

@@ -24,6 +24,7 @@ from specbench.bench.microbench import bench_target_forward, bench_weight_stream
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
 from specbench.decoding.decoder import DecodeResult, autoregressive_decode, speculative_decode
+from specbench.decoding.forward import target_ks
 from specbench.decoding.records import (
     AUTOREGRESSIVE,
     BASELINE_OF,
@@ -207,8 +208,8 @@ def measure_batch(
 def bench_ct(cfg: Config, pair: Pair, keys: dict, prompts: list[EncodedPrompt], ks: range) -> pd.DataFrame:
     """C_t(k) rows at the job's batch size and the prompts' mean length, labelled with `CT_KEYS`."""
     context = int(sum(len(p.ids) for p in prompts) / max(1, len(prompts)))
-    if cfg.forward.path == "compiled":  # only the shapes the job compiled: a new k would compile here
-        ks = sorted({1, cfg.gamma + 1})
+    if pair.forward.mode is not None:  # only the shapes the job compiled: a new k would compile here
+        ks = target_ks(cfg.gamma)
     lm = pair.target_lm()
     ct = pd.DataFrame(bench_target_forward(pair.target, cfg.batch_size, ks, context, seed=cfg.seed, lm=lm))
     for k in CT_KEYS:

@@ -12,8 +12,14 @@ from transformers import PreTrainedModel
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.static_kv import StaticLM
 
+DRAFT_KS = (1, 2)  # a draft's forwards: one step, or a round's catch-up of two tokens after all drafts passed
 CAPACITY_STEP = 64  # capacities round up to this, so jobs whose needs differ a little share graphs
 _STATIC: dict[tuple, StaticLM] = {}  # (id(model), capacity, compile mode) -> the process's StaticLM
+
+
+def target_ks(*gammas: int) -> list[int]:
+    """k of the target's forwards at these γ: the plain step (1) and each verify (γ + 1)."""
+    return sorted({1, *(g + 1 for g in gammas if g >= 1)})
 
 
 def capacity_for(prompt_lens: list[int], max_new_tokens: int, gamma: int) -> int:
@@ -32,17 +38,24 @@ class ForwardPath:
     def fast(self) -> bool:
         return self.path != "eager"
 
+    @property
+    def mode(self) -> str | None:
+        """The compile mode of this path's StaticLMs (None: not compiled)."""
+        return self.compile_mode if self.path == "compiled" else None
+
     def lm(self, model: PreTrainedModel) -> CachedLM | StaticLM:
         """The LM to decode with: fresh for eager, the process's one StaticLM otherwise (prefill resets it)."""
         if not self.fast:
             return CachedLM(model)
         if self.capacity is None:
             raise ValueError(f"forward.path={self.path!r} needs forward.capacity (the job sizes it: capacity_for)")
-        mode = self.compile_mode if self.path == "compiled" else None
-        key = (id(model), self.capacity, mode)
+        key = self._key(model)
         if key not in _STATIC or _STATIC[key].source is not model:
-            _STATIC[key] = StaticLM(model, self.capacity, compile_mode=mode)
+            _STATIC[key] = StaticLM(model, self.capacity, compile_mode=self.mode)
         return _STATIC[key]
+
+    def _key(self, model: PreTrainedModel) -> tuple:
+        return (id(model), self.capacity, self.mode)
 
     def warm_up(self, model: PreTrainedModel | None, batch_size: int, ks: list[int]) -> float:
         """Compile every (batch_size, k) forward of `model` before anything is timed; seconds (0 for eager)."""
@@ -50,6 +63,20 @@ class ForwardPath:
             return 0.0
         return self.lm(model).warm_up(batch_size, ks)
 
+    def warm_up_pair(self, target: PreTrainedModel, draft: PreTrainedModel | None, batch_size: int, gamma: int):
+        """Every shape a job's decoders run at this γ (target: `target_ks`; draft: `DRAFT_KS`, only when
+        it drafts); seconds per model, {} for eager."""
+        if not self.fast:
+            return {}
+        seconds = {"target": self.warm_up(target, batch_size, target_ks(gamma))}
+        if draft is not None and gamma >= 1:
+            seconds["draft"] = self.warm_up(draft, batch_size, list(DRAFT_KS))
+        return seconds
+
     def new_shapes(self, *models: PreTrainedModel | None) -> int:
-        """Forwards since warm-up that met a shape warm-up had not (compiled inside a decode): should be 0."""
-        return sum(self.lm(m).new_shapes for m in models if m is not None) if self.fast else 0
+        """Forwards since warm-up that met a shape warm-up had not (compiled inside a decode): should be 0.
+        Reads the StaticLMs that exist; a model this path never ran gets none made for it."""
+        if not self.fast:
+            return 0
+        found = [(m, _STATIC.get(self._key(m))) for m in models if m is not None]
+        return sum(lm.new_shapes for m, lm in found if lm is not None and lm.source is m)
