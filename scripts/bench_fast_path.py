@@ -4,7 +4,8 @@
 
 One process, embedded pair (bf16 unless --dtype), B = 1, greedy, --max-new-tokens 128. Every prompt
 runs every decoder, in an order that rotates by prompt, so drift cannot favour any of them:
-transformers `generate()` (target alone), transformers' assisted generation per γ, specbench's
+transformers `generate()` (target alone; with torch's nn.Linear as users run it, and on specbench's tuned
+linears), transformers' assisted generation per γ (on the tuned linears), specbench's
 eager reference (baseline and speculative at the first γ), and the compiled fast path (baseline, and
 speculative per γ and draft). Compilation happens first and is timed apart. Writes `rows.csv`
 (one row per prompt and decoder: raw counts and seconds) and `summary.md` (tok/s, per-prompt ratios
@@ -101,8 +102,13 @@ def main() -> None:
         compile_s[d] = fast.warm_up(pair.draft_model, 1, list(DRAFT_KS))
     print("compile seconds:", {k: round(v, 1) for k, v in compile_s.items()}, flush=True)
 
+    # transformers as its users run it: torch's nn.Linear (the pair's target has specbench's tuned linears).
+    plain = load_pair(PairConfig(dtype=args.dtype, cpu_linear="torch"), DraftConfig(kind="ngram")).target
     g0 = args.gammas[0]
-    decoders = {"hf_generate": lambda i: hf_generate(target, i, n, eos)}
+    decoders = {
+        "hf_generate": lambda i: hf_generate(plain, i, n, eos),
+        "hf_generate:tuned_linear": lambda i: hf_generate(target, i, n, eos),
+    }
     for g in args.gammas:
         decoders[f"hf_assisted:g{g}:{args.drafts[0]}"] = lambda i, g=g: from_result(
             hf_assisted_decode(target, first.draft_model, [i], g, GREEDY, n, eos, 0, PhaseTimer())
@@ -171,6 +177,8 @@ def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes) -> None:
     for num, den in (
         (fast_best, "fast_ar"),
         (fast_best, "hf_generate"),
+        (fast_best, "hf_generate:tuned_linear"),
+        ("eager_ar", "hf_generate"),
         (fast_best, hf_best),
         ("fast_ar", "eager_ar"),
         ("fast_ar", "hf_generate"),

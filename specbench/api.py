@@ -49,6 +49,7 @@ def decode(
     speculative: bool = True,
     chat_template: bool = True,
     forward: str = "eager",
+    cpu_linear: str = "tuned",
 ) -> DecodeOutput:
     """Decode a batch of prompts (one batch of B = len(prompts)) with speculative decoding,
     or the autoregressive baseline when `speculative=False`.
@@ -57,6 +58,7 @@ def decode(
     (then `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
+    `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
     """
     sampling = SamplingConfig(
         temperature,
@@ -70,7 +72,12 @@ def decode(
         tuple(tuple(s) for s in banned_sequences),
     )
     pair_cfg = PairConfig(
-        name="api", target=ModelConfig(source=target), draft=ModelConfig(source=draft_model), dtype=dtype, device=device
+        name="api",
+        target=ModelConfig(source=target),
+        draft=ModelConfig(source=draft_model),
+        dtype=dtype,
+        device=device,
+        cpu_linear=cpu_linear,
     )
     draft_cfg = DraftConfig(kind=draft)  # validates the kind against DRAFT_KINDS
     forward_cfg = ForwardConfig(path=forward)  # validates the path

@@ -22,6 +22,7 @@ from specbench.tune.samplers import SAMPLERS
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # the one list; models.loading maps them
 FORWARD_PATHS = ("eager", "static", "compiled")  # specbench.decoding.forward builds them
+CPU_LINEARS = ("tuned", "torch")  # bf16 linears on CPU: specbench.models.kernels.CpuLinear, or nn.Linear as it is
 COMPILE_MODES = ("default", "max-autotune")
 
 
@@ -56,9 +57,11 @@ class PairConfig:
     dtype: str = "auto"
     device: str = "cpu"
     cache_dir: Optional[str] = None
+    cpu_linear: str = "tuned"  # bf16 on CPU: the measured-fastest kernel per shape and rows; "torch": nn.Linear
 
     def __post_init__(self) -> None:
         _choice("pair.dtype", self.dtype, DTYPES)
+        _choice("pair.cpu_linear", self.cpu_linear, CPU_LINEARS)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"pair.device={self.device!r}: must be 'cpu', 'cuda' or 'cuda:N'")
         if not (self.target.source or self.target.shape):
@@ -162,8 +165,13 @@ class ForwardConfig:
 
     @property
     def label(self) -> str:
-        """The `forward` key of rows: the path, with the compile mode when compiled."""
+        """The forward path's part of the rows' `forward` key: the path, with the compile mode when compiled."""
         return f"{self.path}:{self.compile_mode}" if self.path == "compiled" else self.path
+
+    def row_label(self, cpu_linear: str) -> str:
+        """The rows' `forward` key: `label`, plus `+torch_linear` when bf16 CPU linears run torch's
+        nn.Linear (pair.cpu_linear=torch) rather than the tuned kernels, so profiles never mix the two."""
+        return self.label if cpu_linear == "tuned" else f"{self.label}+{cpu_linear}_linear"
 
 
 @dataclass

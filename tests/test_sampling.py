@@ -181,3 +181,49 @@ def test_describe_names_only_what_is_set():
     assert SamplingConfig().describe() == "greedy"
     s = SamplingConfig(1.0, min_p=0.1, repetition_penalty=1.3, banned_sequences=((1, 2),))
     assert s.describe() == "T=1 min_p=0.1 repetition_penalty=1.3 banned_sequences=[[1,2]]"
+
+
+# ----------------------------------------------------------------------------- drawing
+
+
+def test_one_hot_rows_are_drawn_without_advancing_the_generator():
+    """Regression (issue 11, the baseline's C_o): a greedy step's one-hot p used to go through
+    torch.multinomial, which draws a random number per vocabulary entry (~1 ms at V = 49152). A row
+    with one nonzero entry is now taken as it is: same token, generator untouched."""
+    from specbench.decoding.sampling import sample
+
+    probs = torch.zeros(3, 49152)
+    probs[0, 5], probs[1, 49151], probs[2, 0] = 1.0, 1.0, 0.25  # row 2: one nonzero entry, not normalised
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    assert sample(probs, g).tolist() == [5, 49151, 0]
+    assert torch.equal(g.get_state(), state)
+
+
+def test_rows_with_two_nonzero_entries_are_still_sampled():
+    """Only certain draws skip the generator: a row with two candidates is drawn from, with both seen."""
+    from specbench.decoding.sampling import sample
+
+    probs = torch.zeros(2, 10)
+    probs[0, 3] = 1.0
+    probs[1, [2, 7]] = 0.5
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    draws = {tuple(sample(probs, g).tolist()) for _ in range(200)}
+    assert draws == {(3, 2), (3, 7)}
+    assert not torch.equal(g.get_state(), state)
+
+
+def test_greedy_baseline_draws_no_random_numbers(target, prompts):
+    """Regression: the greedy autoregressive baseline leaves its generator as it found it (it used to
+    advance it at every step through multinomial), and still decodes transformers' greedy tokens."""
+    from conftest import hf_greedy
+
+    from specbench.decoding.decoder import autoregressive_decode
+    from specbench.decoding.kvcache import CachedLM
+
+    g = torch.Generator().manual_seed(11)
+    state = g.get_state()
+    out = autoregressive_decode(CachedLM(target), prompts[:2], SamplingConfig(), 8, set(), g)
+    assert torch.equal(g.get_state(), state)
+    assert out.tokens == [hf_greedy(target, p, 8) for p in prompts[:2]]

@@ -33,6 +33,7 @@ from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.records import LLAMA_CPP_DECODERS
 from specbench.llama_cpp.servers import JobServers, bench_llama_ct
 from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.kernels import linear_kernels
 from specbench.models.loading import fastest_cpu_dtype
 from specbench.models.pair import Pair, load_pair
 from specbench.models.quant import kernel_choices
@@ -166,6 +167,11 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
             "memory": peak.record,
             **auto_dtype_record(cfg),
             "draft_kernel_rows": kernel_choices(pair.draft_model) if pair.draft_model is not None else {},
+            "cpu_linear": {  # bf16 linears on CPU: per shape, the rows up to which ATen's gemv runs (pair.cpu_linear)
+                "setting": cfg.pair.cpu_linear,
+                "target_gemv_rows": linear_kernels(pair.target),
+                "draft_gemv_rows": linear_kernels(pair.draft_model) if pair.draft_model is not None else {},
+            },
             "forward": {
                 "path": cfg.forward.label,
                 "capacity": pair.forward.capacity,

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import PhaseTimer
+from specbench.models.kernels import aten_gemv
 
 CT_COLUMNS = ["batch_size", "k", "context_len", "repeat", "t_forward"]
 FLOOR_COLUMNS = ["probe", "probe_bytes", "repeat", "t_stream", "target_weight_bytes", "draft_weight_bytes"]
@@ -87,7 +88,7 @@ def bench_weight_stream(
 ) -> list[dict]:
     """Rows (probe, probe_bytes, repeat, t_stream seconds) over a `probe_bytes` matrix (256 MiB on CPU,
     1 GiB on CUDA: far past the last-level cache). Two probes: `matvec`, one [1, hidden] x [hidden, N]
-    linear in `dtype` (the op a decode step runs, at the library's kernel), and `read`, a sum over the
+    linear in `dtype` (the op a decode step runs, at the library's best kernel for one row), and `read`, a sum over the
     same bytes (how fast this machine can read them at all: a kernel can do no better)."""
     device = torch.device(device)
     probe_bytes = probe_bytes or (1 << 30 if device.type == "cuda" else 256 << 20)
@@ -95,7 +96,10 @@ def bench_weight_stream(
     weight = torch.empty(probe_bytes // (element * hidden), hidden, dtype=dtype, device=device).uniform_(-1, 1)
     x = torch.ones(1, hidden, dtype=dtype, device=device)
     flat = weight.view(-1).view(torch.float32) if (weight.numel() * element) % 4 == 0 else weight.view(-1)
-    probes = {"matvec": lambda: nn.functional.linear(x, weight), "read": lambda: flat.sum()}
+    # bf16 on CPU: ATen's gemv, the kernel a tuned CpuLinear runs at one row (torch's default reorders
+    # the weight on every call and streamed at about half that rate here).
+    linear = aten_gemv if (dtype == torch.bfloat16 and device.type == "cpu") else nn.functional.linear
+    probes = {"matvec": lambda: linear(x, weight), "read": lambda: flat.sum()}
     timer = PhaseTimer(device)
     marks = []
     for probe, run in probes.items():

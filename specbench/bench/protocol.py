@@ -120,7 +120,7 @@ def job_keys(cfg: Config, pair: Pair) -> dict:
         "gamma_setting": cfg.gamma,
         "max_new_tokens": cfg.max_new_tokens,
         "dtype": str(pair.target.dtype).removeprefix("torch."),
-        "forward": cfg.forward.label,
+        "forward": cfg.forward.row_label(cfg.pair.cpu_linear),
         "device": cfg.pair.device,
         "hardware": hardware_label(cfg.pair.device),
     }

@@ -13,6 +13,7 @@ from specbench.config import DraftConfig, ModelConfig, PairConfig
 from specbench.decoding.drafts import Draft
 from specbench.decoding.forward import ForwardPath
 from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.kernels import tune_cpu_linears
 from specbench.models.loading import check_same_tokenizer, check_same_vocab, eos_ids, load_model, resolve_dtype
 
 
@@ -37,17 +38,24 @@ class Pair:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(source: str | None, gguf_file: str | None, shape: str | None, dtype: str, device: str, cache_dir, field):
+def _load(
+    source: str | None, gguf_file: str | None, shape: str | None, dtype: str, device: str, cache_dir, field, linear
+):
     if shape:
         from specbench.models.shapes import build_shape_only_model
 
         seed = 1 if field == "pair.draft" else 0  # a draft of the same shape must not be the target's twin
-        return build_shape_only_model(shape, dtype=resolve_dtype(dtype, device), device=device, seed=seed), None
-    return load_model(source, gguf_file, dtype, device, Path(cache_dir) if cache_dir else None, field)
+        model = build_shape_only_model(shape, dtype=resolve_dtype(dtype, device), device=device, seed=seed)
+        tokenizer = None
+    else:
+        model, tokenizer = load_model(source, gguf_file, dtype, device, Path(cache_dir) if cache_dir else None, field)
+    if linear == "tuned":
+        tune_cpu_linears(model)  # bf16 on CPU only; a no-op elsewhere
+    return model, tokenizer
 
 
 def _load_config(m: ModelConfig, pair: PairConfig, field: str):
-    return _load(m.source, m.gguf_file, m.shape, pair.dtype, pair.device, pair.cache_dir, field)
+    return _load(m.source, m.gguf_file, m.shape, pair.dtype, pair.device, pair.cache_dir, field, pair.cpu_linear)
 
 
 def load_pair(pair: PairConfig, draft: DraftConfig) -> Pair:

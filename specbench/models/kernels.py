@@ -1,0 +1,180 @@
+"""bf16 linears on CPU in the kernel that is fastest for their shape and row count on this machine.
+
+torch runs a bf16 `nn.Linear` on CPU through oneDNN, which reorders the weight on every call. At a
+decode step's one row that streamed 7 GB/s on the AVX-512 EPYC here; ATen's own gemv (oneDNN off)
+streamed 15 GB/s, and oneDNN with the weight reordered once (prepacked) 12 GB/s. Past a row or two
+ATen's gemv falls far behind, while the prepacked kernel's time stays nearly flat from 4 rows to 16
+(so a verify forward of γ + 1 costs little more than one row). Its result equals torch's default bit
+for bit; the gemv's can differ in the last bf16 bit (a different summation order). `CpuLinear` keeps
+the weight and a prepacked copy, and takes the gemv up to the rows where it was measured faster for
+its shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+from torch import nn
+
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which two kernels of one layer are timed against each other
+PROBE_BYTES = 48 << 20  # weight copies per probed shape: past the last-level cache
+MAX_COPIES = 512  # of one small shape in a probe
+GEMV_MARGIN = 0.9  # the gemv must be this much faster than the other kernel to be chosen
+MAX_MEMORY_SHARE = 0.25  # the prepacked copies may take at most this share of the machine's memory
+
+
+def median_time(run, x: torch.Tensor) -> float:
+    """Median of 3 calls after a warm-up (1 call when the warm-up alone took over 50 ms)."""
+    start = time.perf_counter()
+    run(x)
+    if time.perf_counter() - start > 0.05:
+        start = time.perf_counter()
+        run(x)
+        return time.perf_counter() - start
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run(x)
+        samples.append(time.perf_counter() - start)
+    return sorted(samples)[1]
+
+
+def interleaved_medians(runs: dict, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of each callable, timed in turn `repeats` times after one warm-up call each, so
+    drift and a busy neighbour core hit them alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(repeats + 1):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            if i:
+                times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+@functools.cache
+def prepack_supported() -> bool:
+    """oneDNN's bf16 prepacked linear needs avx512bw/vl/dq (or avx_ne_convert); elsewhere it refuses."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except (RuntimeError, AttributeError):
+        return False
+    return True
+
+
+def aten_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` with oneDNN switched off for this call: ATen's own bf16 kernel."""
+    previous = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        return nn.functional.linear(x, weight, bias)
+    finally:
+        torch._C._set_mkldnn_enabled(previous)
+
+
+@functools.cache
+def gemv_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> int:
+    """The most rows (of `PROBE_ROWS`) up to which ATen's gemv beats the other kernel (the prepacked one,
+    or torch's default where prepacking is unsupported) for a bf16 weight of this shape; 0 where it never
+    does. Timed once per process per shape, over copies of the weight adding up to `stream_bytes` (the
+    model's linear weights, at most `PROBE_BYTES`), so that they stream from memory when a decode step's
+    weights would: timed on one cache-resident copy, the answer flipped for three of SmolLM2's five shapes."""
+    copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
+    layers = [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
+    kernels = {
+        "gemv": [m.gemv for m in layers],
+        "other": [m.prepacked if prepacked else m.torch_default for m in layers],
+    }
+    best = 0
+    with torch.inference_mode():
+        for rows in PROBE_ROWS:
+            x = torch.randn(rows, in_features, dtype=torch.bfloat16)
+            t = interleaved_medians({name: lambda fs=fs, x=x: [f(x) for f in fs] for name, fs in kernels.items()})
+            if t["gemv"] > GEMV_MARGIN * t["other"]:  # a near-tie goes to the kernel that equals torch's
+                break
+            best = rows
+    return best
+
+
+class CpuLinear(nn.Linear):
+    """An nn.Linear (same parameters, so ties, quantizers and state dicts see no difference) whose bf16
+    CPU forward takes ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them.
+
+    Anything else (another dtype or device, autograd, a `torch.compile` trace, which prepacks on its own)
+    runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
+    its own on first use, since `__getstate__` leaves it out: opaque oneDNN tensors cannot be copied)."""
+
+    def __init__(self, linear: nn.Linear, gemv_rows: int = 1) -> None:
+        nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate and initialise a weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same Parameters: a tied head stays tied
+        self.register_parameter("bias", linear.bias)
+        self.can_prepack = prepack_supported()
+        self.packed: torch.Tensor | None = None
+        self.gemv_rows = gemv_rows  # measured per shape by `tune_cpu_linears`
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["packed"] = None  # an opaque oneDNN tensor cannot be copied; the copy repacks on first use
+        return state
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        return aten_gemv(x, self.weight, self.bias)
+
+    def pack(self) -> None:
+        """Make the prepacked copy now (not inside a timed forward); a no-op where oneDNN cannot."""
+        if self.packed is None and self.can_prepack:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
+
+    def prepacked(self, x: torch.Tensor) -> torch.Tensor:
+        self.pack()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def torch_default(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tuned = (
+            x.device.type == "cpu"
+            and x.dtype == self.weight.dtype == torch.bfloat16
+            and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        )
+        if not tuned:
+            return super().forward(x)
+        if x.numel() // max(1, x.shape[-1]) <= self.gemv_rows:
+            return self.gemv(x)
+        return self.prepacked(x) if self.can_prepack else self.torch_default(x)
+
+
+def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
+    """Swap every bf16 CPU nn.Linear of `model` for a `CpuLinear`, in place, unless their prepacked copies
+    would take over `MAX_MEMORY_SHARE` of the machine's memory. Returns `linear_kernels(model)`."""
+    linears = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16 and child.weight.device.type == "cpu"
+    ]
+    packed_bytes = sum(c.weight.numel() * c.weight.element_size() for _, _, c in linears)
+    if packed_bytes > MAX_MEMORY_SHARE * physical_memory():
+        return {}
+    prepacked, stream = prepack_supported(), min(PROBE_BYTES, packed_bytes)
+    for parent, name, child in linears:
+        layer = CpuLinear(child, gemv_rows(child.out_features, child.in_features, prepacked, stream))
+        layer.pack()
+        setattr(parent, name, layer)
+    return linear_kernels(model)
+
+
+def linear_kernels(model: nn.Module) -> dict[str, int]:
+    """Per CpuLinear weight shape, the rows up to which it takes ATen's gemv (for job records)."""
+    return {f"bf16 {m.out_features}x{m.in_features}": m.gemv_rows for m in model.modules() if isinstance(m, CpuLinear)}
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory on this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
