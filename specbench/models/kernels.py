@@ -19,27 +19,11 @@ import time
 import torch
 from torch import nn
 
-PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which two kernels of one layer are timed against each other
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which two kernels of one layer are timed (here and in quant)
 PROBE_BYTES = 48 << 20  # weight copies per probed shape: past the last-level cache
 MAX_COPIES = 512  # of one small shape in a probe
 GEMV_MARGIN = 0.9  # the gemv must be this much faster than the other kernel to be chosen
 MAX_MEMORY_SHARE = 0.25  # the prepacked copies may take at most this share of the machine's memory
-
-
-def median_time(run, x: torch.Tensor) -> float:
-    """Median of 3 calls after a warm-up (1 call when the warm-up alone took over 50 ms)."""
-    start = time.perf_counter()
-    run(x)
-    if time.perf_counter() - start > 0.05:
-        start = time.perf_counter()
-        run(x)
-        return time.perf_counter() - start
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        run(x)
-        samples.append(time.perf_counter() - start)
-    return sorted(samples)[1]
 
 
 def interleaved_medians(runs: dict, repeats: int = 5) -> dict[str, float]:

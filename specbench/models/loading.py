@@ -13,7 +13,6 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from platformdirs import user_cache_dir
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.config import DTYPES as DTYPE_NAMES
+from specbench.models.kernels import interleaved_medians
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,15 +63,11 @@ def fastest_cpu_dtype(repeats: int = 5) -> tuple[str, dict[str, float]]:
         d: [torch.randn(1536, 576, generator=g).to(DTYPES[d]) for _ in range(24)] for d in ("bfloat16", "float32")
     }
     xs = {d: torch.randn(1, 576, generator=g).to(DTYPES[d]) for d in weights}
-    times: dict[str, list[float]] = {d: [] for d in weights}
-    with torch.inference_mode():
-        for _ in range(repeats + 1):  # the first pass warms up: not recorded
-            for d, ws in weights.items():
-                start = time.perf_counter()
-                for w in ws:
-                    torch.nn.functional.linear(xs[d], w)
-                times[d].append(time.perf_counter() - start)
-    median = {d: sorted(t[1:])[len(t[1:]) // 2] for d, t in times.items()}
+    with torch.inference_mode():  # the first pass warms up: not recorded
+        median = interleaved_medians(
+            {d: lambda d=d, ws=ws: [torch.nn.functional.linear(xs[d], w) for w in ws] for d, ws in weights.items()},
+            repeats,
+        )
     return ("bfloat16" if median["bfloat16"] <= median["float32"] else "float32"), median
 
 
