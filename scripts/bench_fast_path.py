@@ -1,6 +1,10 @@
 """Issue 11's must-show benchmark: the fast path against the reference and against transformers.
 
-    python scripts/bench_fast_path.py [--gammas 3 5] [--drafts w8a16 w4a16] [--prompts 8] [--out DIR]
+    python scripts/bench_fast_path.py [--gammas 3 5] [--drafts w8a16 w4a16+top16384] [--prompts 8] [--out DIR]
+
+A draft is a `draft.kind`, optionally `+top<N>`: its head restricted to the N most frequent ids
+(`draft.vocab_top`; counted over --vocab-corpus, else id order). transformers' assisted generation
+drives the first draft listed.
 
 One process, embedded pair (bf16 unless --dtype), B = 1, greedy, --max-new-tokens 128. Every prompt
 runs every decoder, in an order that rotates by prompt, so drift cannot favour any of them:
@@ -72,6 +76,14 @@ def from_result(result) -> dict:
     return row
 
 
+def draft_config(spec: str, corpus: str | None) -> DraftConfig:
+    """`kind` or `kind+top<N>` (the row label's spelling) as a DraftConfig."""
+    kind, _, top = spec.partition("+top")
+    if top and not top.isdigit():
+        raise SystemExit(f"--drafts {spec!r}: expected <kind> or <kind>+top<N>, N an integer")
+    return DraftConfig(kind=kind, vocab_top=int(top or 0), vocab_corpus=corpus if top else None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gammas", type=int, nargs="+", default=[3, 5])
@@ -81,6 +93,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--compile-mode", default="max-autotune")
+    ap.add_argument("--vocab-corpus", default=None, help="draft.vocab_corpus for the +top<N> drafts")
     ap.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
     ap.add_argument("--out", default="runs/bench_fast_path")
     args = ap.parse_args()
@@ -90,7 +103,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     n = args.max_new_tokens
 
-    pairs = {d: load_pair(PairConfig(dtype=args.dtype), DraftConfig(kind=d)) for d in args.drafts}
+    pairs = {d: load_pair(PairConfig(dtype=args.dtype), draft_config(d, args.vocab_corpus)) for d in args.drafts}
     first = pairs[args.drafts[0]]
     tok, target, eos = first.tokenizer, first.target, first.eos
     prompts = load_workload("spec_bench", args.spec_bench, limit_per_category=1)[: args.prompts]
@@ -203,6 +216,22 @@ def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes) -> None:
         fm, fr = w / bandwidth["matvec"], w / bandwidth["read"]
         lines.append(f"| {what} | {t * 1e3:.1f} | {fm * 1e3:.1f} ({t / fm:.2f}×) | {fr * 1e3:.1f} ({t / fr:.2f}×) |")
     lines.append(f"| C_t({gamma + 1}) verify | {ct_verify * 1e3:.1f} | | |")
+    lines += [
+        "",
+        "Every fast speculative decoder: its draft's cost per drafted token against C_t1 and its floor.",
+        "",
+        "| decoder | acceptance | E[N] | C_d ms | c = C_d / C_t1 | C_d / matvec floor | C_t(γ+1) / C_t1 | vs fast_ar |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in (c for c in wide.columns if c.startswith("fast_spec")):
+        d, dr = df[df.decoder == name], name.split(":")[2]
+        cd, cv = d.t_draft.sum() / d.drafted.sum(), d.t_verify.sum() / d.rounds.sum()
+        m, lo, hi = median_ci(wide[name] / wide["fast_ar"])
+        lines.append(
+            f"| {name} | {d.accepted.sum() / d.drafted.sum():.1%} | {d.committed.sum() / d.rounds.sum():.2f} | "
+            f"{cd * 1e3:.1f} | {cd / ct1:.2f} | {cd / (weights[dr] / bandwidth['matvec']):.2f}× | {cv / ct1:.2f} | "
+            f"{m:.2f}× [{lo:.2f}, {hi:.2f}] |"
+        )
     for probe in ("matvec", "read"):
         ft, fd = weights["target"] / bandwidth[probe], weights[draft] / bandwidth[probe]
         ideal = en * ft / (gamma * fd + ct_verify)

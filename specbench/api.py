@@ -32,6 +32,7 @@ def decode(
     target: str = "embedded",
     draft: str = "w8a16",
     draft_model: str | None = None,
+    draft_vocab_top: int = 0,
     gamma: int = 4,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -54,8 +55,9 @@ def decode(
     """Decode a batch of prompts (one batch of B = len(prompts)) with speculative decoding,
     or the autoregressive baseline when `speculative=False`.
 
-    `draft` is 'w8a16' (int8 copy of the target), 'ngram' (prompt lookup) or 'model'
+    `draft` is 'w8a16' (int8 copy of the target), 'w4a16' (int4), 'ngram' (prompt lookup) or 'model'
     (then `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
+    `draft_vocab_top` > 0 restricts a model draft's head to that many ids (`draft.vocab_top`).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
     `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
@@ -79,7 +81,7 @@ def decode(
         device=device,
         cpu_linear=cpu_linear,
     )
-    draft_cfg = DraftConfig(kind=draft)  # validates the kind against DRAFT_KINDS
+    draft_cfg = DraftConfig(kind=draft, vocab_top=draft_vocab_top)  # validates against DRAFT_KINDS
     forward_cfg = ForwardConfig(path=forward)  # validates the path
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
         raise ValueError(f"draft={draft!r} needs draft_model (a model id, .gguf file or directory)")

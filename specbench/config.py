@@ -75,11 +75,21 @@ class DraftConfig:
     kind: str = "w8a16"
     max_ngram: int = 3
     min_ngram: int = 1
+    vocab_top: int = 0  # > 0: the draft's head scores only this many most frequent ids (FR-Spec); 0: all
+    vocab_corpus: str | None = None  # text or JSONL the frequencies are counted over (None: id order)
 
     def __post_init__(self) -> None:
-        DRAFT_KINDS.get(self.kind, "draft.kind")
+        kind = DRAFT_KINDS.get(self.kind, "draft.kind")
         _at_least("draft.min_ngram", self.min_ngram, 1)
         _at_least("draft.max_ngram", self.max_ngram, self.min_ngram)
+        _at_least("draft.vocab_top", self.vocab_top, 0)
+        if self.vocab_top and not kind.has_model:
+            raise ValueError(
+                f"draft.vocab_top={self.vocab_top}: draft.kind={self.kind!r} has no head to restrict; "
+                "use 0, or a draft kind with a model"
+            )
+        if self.vocab_corpus is not None and not self.vocab_top:
+            raise ValueError(f"draft.vocab_corpus={self.vocab_corpus!r} is only read with draft.vocab_top > 0")
 
 
 @dataclass

@@ -18,6 +18,7 @@ from test_decoder import GREEDY, make_draft
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for
+from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.static_kv import StaticLM
 
@@ -174,3 +175,17 @@ def test_weight_only_layers_pick_their_kernel_per_shape(layer_class):
         assert torch.equal(layer(x), gemm)  # past it: the dequantized GEMM
     assert cls(torch.nn.Linear(64, 96, bias=False, dtype=torch.float64)).kernel_rows == 0  # no kernel for fp64
     assert quant.kernel_choices(torch.nn.Sequential(layer)) == {f"{layer_class[:4].lower()} 96x64": 2}
+
+
+def test_compiled_forward_checks_guards_at_a_shape_it_has_not_met(target, prompts):
+    """Met shapes skip dynamo's per-call guard check; a shape warm-up did not compile still goes through
+    it: it compiles, is counted, and gives the reference's logits, as do the met shapes after it."""
+    lm = StaticLM(target, 64, compile_mode="default")
+    lm.warm_up(1, [1])
+    ref = CachedLM(target)
+    ref.prefill([prompts[0]])
+    lm.prefill([prompts[0]])
+    for k in (1, 3, 1, 3):
+        tokens = torch.tensor([prompts[1][:k]])
+        torch.testing.assert_close(lm.feed(tokens), ref.feed(tokens), rtol=1e-5, atol=1e-5)
+    assert lm.new_shapes == 1

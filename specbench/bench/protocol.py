@@ -102,7 +102,7 @@ def job_keys(cfg: Config, pair: Pair) -> dict:
     return {
         "pair": cfg.pair.name,
         "target": target,
-        "draft": kind.label(target, cfg.pair, cfg.draft),
+        "draft": kind.row_label(target, cfg.pair, cfg.draft),
         "draft_kind": cfg.draft.kind,
         "shape_only": pair.shape_only or bool(kind.uses_pair_draft and cfg.pair.draft.shape),
         "workload": cfg.workload.name,

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 class DraftKind:
     """How one kind of draft is loaded, labelled and built.
 
-    `load(target, pair_cfg, draft_cfg, load_model)` returns (draft model or None, its own
-    tokenizer or None); `load_model(model_cfg, field)` loads a configured model that way.
+    `load(target, pair_cfg, draft_cfg, load_model, vocab)` returns (draft model or None, its own
+    tokenizer or None); `load_model(model_cfg, field)` loads a configured model that way; `vocab`
+    (None: all) is the ids the draft's head scores (`draft.vocab_top`, `specbench.models.vocab`).
     `label(target_label, pair_cfg, draft_cfg)` names the draft in rows.
     `build(pair)` returns a fresh `Draft` for one batch.
     """
@@ -36,6 +37,11 @@ class DraftKind:
     build: Callable[[Pair], Draft]
     uses_pair_draft: bool = False  # needs pair.draft (a separate model)
     has_model: bool = True  # a draft model exists (transformers' assisted generation can drive it)
+
+    def row_label(self, target: str, pair_cfg: PairConfig, draft_cfg: DraftConfig) -> str:
+        """The draft's name in rows: `label`, plus the head's vocabulary size when it is restricted."""
+        top = draft_cfg.vocab_top
+        return self.label(target, pair_cfg, draft_cfg) + (f"+top{top}" if top else "")
 
 
 DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
@@ -47,20 +53,23 @@ def _model_draft(pair: Pair) -> Draft:
     return ModelDraft(pair.draft_model, name=pair.draft_kind, lm=pair.forward.lm(pair.draft_model))
 
 
-def _load_pair_draft(target, pair_cfg, draft_cfg, load_model):
-    return load_model(pair_cfg.draft, "pair.draft")
+def _load_pair_draft(target, pair_cfg, draft_cfg, load_model, vocab):
+    from specbench.models.vocab import restricted_copy
+
+    model, tokenizer = load_model(pair_cfg.draft, "pair.draft")
+    return (model if vocab is None else restricted_copy(model, vocab)), tokenizer
 
 
-def _load_w8a16(target, pair_cfg, draft_cfg, load_model):
+def _load_w8a16(target, pair_cfg, draft_cfg, load_model, vocab):
     from specbench.models.quant import quantize_w8a16_cached
 
-    return quantize_w8a16_cached(target), None
+    return quantize_w8a16_cached(target, vocab), None
 
 
-def _load_w4a16(target, pair_cfg, draft_cfg, load_model):
+def _load_w4a16(target, pair_cfg, draft_cfg, load_model, vocab):
     from specbench.models.quant import quantize_w4a16_cached
 
-    return quantize_w4a16_cached(target), None
+    return quantize_w4a16_cached(target, vocab), None
 
 
 def _ngram(pair: Pair) -> Draft:
@@ -98,7 +107,7 @@ DRAFT_KINDS.register(
 DRAFT_KINDS.register(
     "ngram",
     DraftKind(
-        load=lambda *a: (None, None),
+        load=lambda *a: (None, None),  # no head: config refuses draft.vocab_top
         label=lambda target, p, d: f"ngram({d.min_ngram}-{d.max_ngram})",
         build=_ngram,
         has_model=False,

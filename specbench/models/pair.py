@@ -15,6 +15,7 @@ from specbench.decoding.forward import ForwardPath
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.models.kernels import tune_cpu_linears
 from specbench.models.loading import check_same_tokenizer, check_same_vocab, eos_ids, load_model, resolve_dtype
+from specbench.models.vocab import frequent_tokens
 
 
 @dataclass
@@ -62,10 +63,16 @@ def load_pair(pair: PairConfig, draft: DraftConfig) -> Pair:
     """Load (or reuse) the models; checks that target and draft share tokenizer and vocabulary."""
     target, tokenizer = _load_config(pair.target, pair, "pair.target")
     kind = DRAFT_KINDS.get(draft.kind, "draft.kind")
-    draft_model, draft_tokenizer = kind.load(target, pair, draft, lambda m, f: _load_config(m, pair, f))
+    eos = eos_ids(tokenizer, target)
+    vocab = (
+        frequent_tokens(draft.vocab_top, target.config.vocab_size, eos, tokenizer, draft.vocab_corpus)
+        if draft.vocab_top
+        else None
+    )
+    draft_model, draft_tokenizer = kind.load(target, pair, draft, lambda m, f: _load_config(m, pair, f), vocab)
     if tokenizer is not None and draft_tokenizer is not None:
         check_same_tokenizer(tokenizer, draft_tokenizer)
     if draft_model is not None:
         check_same_vocab(target, draft_model)
     shape_only = bool(getattr(target.config, "specbench_shape_only", False))
-    return Pair(target, tokenizer, draft_model, draft.kind, eos_ids(tokenizer, target), shape_only, draft)
+    return Pair(target, tokenizer, draft_model, draft.kind, eos, shape_only, draft)

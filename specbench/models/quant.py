@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from specbench.models.kernels import PROBE_ROWS
+from specbench.models.vocab import restrict_head
 
 KERNEL_DTYPES = {"int8": (torch.bfloat16,), "int4": (torch.bfloat16, torch.float16, torch.float32)}
 
@@ -151,8 +152,10 @@ class Int4Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-def _quantize(model: nn.Module, layer: type[nn.Module]) -> nn.Module:
+def _quantize(model: nn.Module, layer: type[nn.Module], vocab: tuple[int, ...] | None) -> nn.Module:
     quantized = copy.deepcopy(model)
+    if vocab is not None:
+        restrict_head(quantized, vocab)  # before quantizing: each output row is quantized on its own
     for _name, module in list(quantized.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
@@ -161,26 +164,28 @@ def _quantize(model: nn.Module, layer: type[nn.Module]) -> nn.Module:
     return quantized
 
 
-def quantize_w8a16(model: nn.Module) -> nn.Module:
-    """A deep copy of `model` with every nn.Linear (lm_head included) in W8A16."""
-    return _quantize(model, Int8Linear)
+def quantize_w8a16(model: nn.Module, vocab: tuple[int, ...] | None = None) -> nn.Module:
+    """A deep copy of `model` with every nn.Linear (lm_head included) in W8A16; with `vocab`, its head
+    scores only those ids (`specbench.models.vocab`)."""
+    return _quantize(model, Int8Linear, vocab)
 
 
-def quantize_w4a16(model: nn.Module) -> nn.Module:
-    """A deep copy of `model` with every nn.Linear (lm_head included) in W4A16 (group size 32)."""
-    return _quantize(model, Int4Linear)
-
-
-@functools.lru_cache(maxsize=2)
-def quantize_w8a16_cached(model: nn.Module) -> nn.Module:
-    """`quantize_w8a16`, once per loaded model per process (a sweep's jobs share the copy)."""
-    return quantize_w8a16(model)
+def quantize_w4a16(model: nn.Module, vocab: tuple[int, ...] | None = None) -> nn.Module:
+    """A deep copy of `model` with every nn.Linear (lm_head included) in W4A16 (group size 32); `vocab`
+    as for `quantize_w8a16`."""
+    return _quantize(model, Int4Linear, vocab)
 
 
 @functools.lru_cache(maxsize=2)
-def quantize_w4a16_cached(model: nn.Module) -> nn.Module:
-    """`quantize_w4a16`, once per loaded model per process."""
-    return quantize_w4a16(model)
+def quantize_w8a16_cached(model: nn.Module, vocab: tuple[int, ...] | None = None) -> nn.Module:
+    """`quantize_w8a16`, once per loaded model and vocabulary per process (a sweep's jobs share the copy)."""
+    return quantize_w8a16(model, vocab)
+
+
+@functools.lru_cache(maxsize=2)
+def quantize_w4a16_cached(model: nn.Module, vocab: tuple[int, ...] | None = None) -> nn.Module:
+    """`quantize_w4a16`, once per loaded model and vocabulary per process."""
+    return quantize_w4a16(model, vocab)
 
 
 def kernel_choices(model: nn.Module) -> dict[str, int]:
