@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from specbench.decoding.sampling import SamplingConfig, TokenContext, process_logits
+from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits, sample
 
 V = 50
 
@@ -227,3 +227,27 @@ def test_greedy_baseline_draws_no_random_numbers(target, prompts):
     out = autoregressive_decode(CachedLM(target), prompts[:2], SamplingConfig(), 8, set(), g)
     assert torch.equal(g.get_state(), state)
     assert out.tokens == [hf_greedy(target, p, 8) for p in prompts[:2]]
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(),
+        SamplingConfig(repetition_penalty=1.5, banned_token_ids=(3, 7)),
+        SamplingConfig(temperature=1.0, top_k=10),
+        SamplingConfig(temperature=0.7, top_p=0.9, frequency_penalty=0.5),
+    ],
+)
+def test_next_tokens_are_the_sampled_tokens_of_the_processed_distribution(sampling):
+    """The decoders' shortcut (argmax of the processed logits under greedy, no one-hot) gives the tokens
+    `sample(process_logits(...))` gives, from the same generator state, and leaves the generator where
+    it would."""
+    logits, seqs, lens = random_batch(64, seed=3)
+    context = TokenContext.build(sampling, seqs, lens, V, "cpu")
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    expected = sample(process_logits(logits, sampling, context), g1)
+    assert torch.equal(next_tokens(logits, sampling, context, g2), expected)
+    assert torch.equal(g1.get_state(), g2.get_state())
+    if sampling.greedy:
+        p = process_logits(logits, sampling, context)
+        assert torch.equal(sample(p, certain=True), expected)

@@ -20,7 +20,7 @@ from specbench.decoding.acceptance import Acceptance, rejection_sample
 from specbench.decoding.drafts import Draft
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
-from specbench.decoding.sampling import SamplingConfig, TokenContext, process_logits, sample
+from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits
 from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host
 
 
@@ -111,8 +111,7 @@ def _start(
     start = timer.mark()
     logits = target.prefill(batch.seqs)  # [B, V]
     batch.vocab_size = logits.shape[-1]
-    p0 = process_logits(logits, sampling, batch.context(sampling, logits.device))
-    (first,) = to_host(sample(p0, generator))
+    (first,) = to_host(next_tokens(logits, sampling, batch.context(sampling, logits.device), generator))
     first_mark = timer.mark()
     for row, tok in enumerate(first):
         batch.commit(row, [tok])
@@ -253,8 +252,8 @@ def autoregressive_decode(
         m0, syncs0 = timer.mark(), host_syncs()
         logits = target.feed(to_device([[s[-1]] for s in seqs], target.device))[:, -1]
         m1 = timer.mark()
-        p = process_logits(logits, sampling, batch.context(sampling, logits.device))
-        (tokens,) = to_host(sample(p, generator))  # the step's one host sync
+        # the step's one host sync
+        (tokens,) = to_host(next_tokens(logits, sampling, batch.context(sampling, logits.device), generator))
         rows = list(batch.active)
         for i, row in enumerate(rows):
             batch.commit(row, [tokens[i]])

@@ -72,7 +72,7 @@ class ModelDraft:
         drafts, qs = [], []
         for i in range(gamma):
             q = process_logits(logits, sampling, context)  # [B, V]
-            token = sample(q, generator)  # [B]
+            token = sample(q, generator, certain=sampling.greedy)  # [B]
             drafts.append(token)
             qs.append(q)
             if i + 1 < gamma:  # the last draft is fed next round, only if accepted

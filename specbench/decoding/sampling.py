@@ -250,16 +250,7 @@ def process_logits(logits: torch.Tensor, sampling: SamplingConfig, context: Toke
     `sampling.uses_context`). Greedy gives a one-hot argmax, so the general acceptance rule
     reduces to "accept iff the draft equals argmax p" with no special case in the decoder.
     """
-    logits = logits.float()  # transformers processes float32 logits too
-    if sampling.banned_token_ids or sampling.banned_sequences:
-        sampling.check_vocab(logits.shape[-1])
-    if sampling.uses_context:
-        if context is None:
-            raise ValueError(f"sampling {sampling.describe()!r} reads the context: process_logits needs a TokenContext")
-        logits = _apply_context(logits, sampling, context)
-    banned = sampling.banned_ids
-    if banned:
-        logits = logits.index_fill(-1, to_device(list(banned), logits.device), float("-inf"))
+    logits = _penalized(logits, sampling, context)
     if sampling.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     logits = logits / sampling.temperature
@@ -274,15 +265,48 @@ def process_logits(logits: torch.Tensor, sampling: SamplingConfig, context: Toke
     return logits.softmax(-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def _penalized(logits: torch.Tensor, sampling: SamplingConfig, context: TokenContext | None) -> torch.Tensor:
+    """float32 logits after the context processors and bans: what greedy takes the argmax of."""
+    logits = logits.float()  # transformers processes float32 logits too
+    if sampling.banned_token_ids or sampling.banned_sequences:
+        sampling.check_vocab(logits.shape[-1])
+    if sampling.uses_context:
+        if context is None:
+            raise ValueError(f"sampling {sampling.describe()!r} reads the context: process_logits needs a TokenContext")
+        logits = _apply_context(logits, sampling, context)
+    banned = sampling.banned_ids
+    if banned:
+        logits = logits.index_fill(-1, to_device(list(banned), logits.device), float("-inf"))
+    return logits
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    context: TokenContext | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """`sample(process_logits(logits, sampling, context), generator)`, [..., V] -> [...], for callers
+    that need the token only (not the distribution): under greedy, the argmax of the processed logits,
+    without building the one-hot and taking its argmax again (~0.3 ms of a CPU step at V = 49152)."""
+    if sampling.greedy:
+        return _penalized(logits, sampling, context).argmax(-1)
+    return sample(process_logits(logits, sampling, context), generator)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, certain: bool = False) -> torch.Tensor:
     """Draw one token per row from probs [..., V] -> [...].
 
     On CUDA this is `exponential_race`, the algorithm `torch.multinomial` itself uses
     for one sample (same random stream, same tokens) without its two validity
     `.item()` checks, each a host sync; elsewhere `torch.multinomial` (checks included), except
     that rows with one nonzero entry take it without drawing (the generator is not advanced).
+    `certain=True`: the caller knows every row is one-hot (`process_logits` under greedy), so the
+    argmax is taken without that check (a pass over V that cost ~0.1–0.2 ms of a CPU step).
     """
     flat = probs.reshape(-1, probs.shape[-1])
+    if certain:
+        return flat.argmax(-1).reshape(probs.shape[:-1])
     if flat.is_cuda:
         return exponential_race(flat, generator).reshape(probs.shape[:-1])
     # One nonzero entry per row (greedy's one-hot, or a filter that left one token): the draw is certain.
