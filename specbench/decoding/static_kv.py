@@ -194,22 +194,23 @@ class StaticLM:
         return logits if len(self.slots) == len(self.lengths) else logits[to_device(self.slots, self.device)]
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The forward at tokens' shape; a shape not met before is counted in `new_shapes`."""
+        """The forward at tokens' shape; a forward that compiles outside warm-up is counted in `new_shapes`."""
         shape = (len(self.lengths), tokens.shape[1])
-        if shape in self._shapes and self.compiled and self.skip_guards:
+        if shape in self._shapes:
+            if not (self.compiled and self.skip_guards):
+                return self._forward(tokens, positions)
             # Dynamo checks ~400 guards (every weight and cache tensor) before each call: ~1 ms a forward
             # here. A met shape has its own graph, told apart by the input shapes, so only those guards
             # run. Should that graph not fit after all, dynamo refuses to recompile under this stance;
-            # then the full check runs and the compile inside a decode is counted, never silent.
+            # then the full check runs below and the compile inside a decode is counted, never silent.
             try:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return self._forward(tokens, positions)
             except RuntimeError as exc:
                 if "skip_guard_eval_unsafe" not in str(exc):
                     raise
-        if shape not in self._shapes or self.compiled:
-            self.new_shapes += 1
         self._shapes.add(shape)
+        self.new_shapes += 1
         return self._forward(tokens, positions)
 
     def warm_up(self, batch_size: int, ks: Sequence[int]) -> float:

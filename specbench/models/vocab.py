@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -52,22 +54,24 @@ class SubsetHead(nn.Module):
 
 
 def restrict_head(model: nn.Module, keep: tuple[int, ...]) -> nn.Module:
-    """`model` (changed in place and returned) with its output head restricted to the ids in `keep`."""
+    """`model` (changed in place and returned) with its output head restricted to the ids in `keep`; the
+    new head's linear is a plain nn.Linear (a quantizer replaces it; `restricted_copy` tunes it)."""
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise VocabError(f"draft.vocab_top: the draft's output head is a {type(head).__name__}, not a linear layer")
     vocab_size = model.config.vocab_size
-    subset = SubsetHead(head, torch.tensor(sorted(keep), dtype=torch.long), vocab_size)
-    if isinstance(head, CpuLinear):
-        tune_cpu_linears(subset)  # the same kernel choice as the rest of the model, for the new shape
-    model.set_output_embeddings(subset)
+    model.set_output_embeddings(SubsetHead(head, torch.tensor(sorted(keep), dtype=torch.long), vocab_size))
     return model
 
 
 @functools.lru_cache(maxsize=2)
 def restricted_copy(model: nn.Module, keep: tuple[int, ...]) -> nn.Module:
-    """A deep copy of `model` with its head restricted to `keep`, once per process (jobs share it)."""
-    return restrict_head(copy.deepcopy(model), keep)
+    """A deep copy of `model` with its head restricted to `keep`, once per process (jobs share it); a
+    head that ran the tuned CPU kernels keeps them, chosen for its new shape."""
+    restricted = restrict_head(copy.deepcopy(model), keep)
+    if isinstance(model.get_output_embeddings(), CpuLinear):
+        tune_cpu_linears(restricted.get_output_embeddings())
+    return restricted
 
 
 def frequent_tokens(
@@ -77,23 +81,23 @@ def frequent_tokens(
     (ties and unseen ids by id; no corpus: by id alone)."""
     if not 0 < top < vocab_size:
         raise VocabError(f"draft.vocab_top={top}: must be in [1, {vocab_size - 1}] (0 keeps the whole vocabulary)")
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    if corpus is not None:
-        if tokenizer is None:
-            raise VocabError(f"draft.vocab_corpus={str(corpus)!r}: the target has no tokenizer to count tokens with")
-        ids = [i for text in corpus_texts(Path(corpus)) for i in tokenizer(text)["input_ids"]]
-        counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size)[:vocab_size]
-    # Stable sort on −count: equal counts keep id order, so id (merge) order breaks ties.
-    order = torch.sort(-counts, stable=True).indices.tolist()
-    keep = [i for i in sorted(eos) if 0 <= i < vocab_size]
-    chosen = set(keep)
-    for i in order:
-        if len(keep) >= top:
-            break
-        if i not in chosen:
-            keep.append(i)
-            chosen.add(i)
+    if corpus is None:
+        order: Iterable[int] = range(vocab_size)
+    elif tokenizer is None:
+        raise VocabError(f"draft.vocab_corpus={str(corpus)!r}: the target has no tokenizer to count tokens with")
+    else:  # a stable sort on −count: equal counts keep id (merge) order
+        order = torch.sort(-corpus_counts(tokenizer, str(corpus), vocab_size), stable=True).indices.tolist()
+    keep = {i for i in eos if 0 <= i < vocab_size}
+    keep.update(itertools.islice((i for i in order if i not in keep), max(0, top - len(keep))))
     return tuple(sorted(keep))
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_counts(tokenizer, corpus: str, vocab_size: int) -> torch.Tensor:
+    """Occurrences of each id [vocab_size] in the corpus, tokenized once per process (a sweep's jobs
+    share it)."""
+    ids = [i for text in corpus_texts(Path(corpus)) for i in tokenizer(text)["input_ids"]]
+    return torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size)[:vocab_size]
 
 
 def corpus_texts(path: Path) -> list[str]:
