@@ -3,8 +3,8 @@
     python scripts/bench_fast_path.py [--gammas 3 5] [--drafts w8a16 w4a16+top16384] [--prompts 8] [--out DIR]
 
 A draft is a `draft.kind`, optionally `+top<N>`: its head restricted to the N most frequent ids
-(`draft.vocab_top`; counted over --vocab-corpus, else id order). transformers' assisted generation
-drives the first draft listed.
+(`draft.vocab_top`; counted over --vocab-corpus, else id order). `ngram` runs as it is (no model to
+compile, no floor). transformers' assisted generation drives the first draft listed (one with a model).
 
 One process, embedded pair (bf16 unless --dtype), B = 1, greedy, --max-new-tokens 128. Every prompt
 runs every decoder, in an order that rotates by prompt, so drift cannot favour any of them:
@@ -76,6 +76,13 @@ def from_result(result) -> dict:
     return row
 
 
+def fast_draft(pair, fast: ForwardPath):
+    """A fresh draft for one decode: a model draft on the fast path, or the kind's own (n-gram) draft."""
+    if pair.draft_model is None:
+        return pair.new_draft()
+    return ModelDraft(pair.draft_model, lm=fast.lm(pair.draft_model))
+
+
 def draft_config(spec: str, corpus: str | None) -> DraftConfig:
     """`kind` or `kind+top<N>` (the row label's spelling) as a DraftConfig."""
     kind, _, top = spec.partition("+top")
@@ -96,7 +103,25 @@ def main() -> None:
     ap.add_argument("--vocab-corpus", default=None, help="draft.vocab_corpus for the +top<N> drafts")
     ap.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
     ap.add_argument("--out", default="runs/bench_fast_path")
+    ap.add_argument("--summarize", action="store_true", help="rewrite --out's summary.md from its rows and meta")
     args = ap.parse_args()
+    if args.summarize:
+        out = Path(args.out)
+        meta = json.loads((out / "meta.json").read_text())
+        df = pd.read_csv(out / "rows.csv")
+        args.max_new_tokens = int(meta.get("max_new_tokens", args.max_new_tokens))
+        args.threads = meta.get("threads", args.threads)
+        summarize(
+            df,
+            out,
+            args,
+            meta["compile_seconds"],
+            meta["bandwidth"],
+            meta["weights"],
+            meta["new_shapes"],
+            meta.get("isa"),
+        )
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -105,6 +130,11 @@ def main() -> None:
 
     pairs = {d: load_pair(PairConfig(dtype=args.dtype), draft_config(d, args.vocab_corpus)) for d in args.drafts}
     first = pairs[args.drafts[0]]
+    if first.draft_model is None:
+        raise SystemExit(
+            f"--drafts {args.drafts[0]!r} first: it drives transformers' assisted generation, which needs a "
+            "draft model; list a model draft (w8a16, w4a16) first"
+        )
     tok, target, eos = first.tokenizer, first.target, first.eos
     prompts = load_workload("spec_bench", args.spec_bench, limit_per_category=1)[: args.prompts]
     ids = {p.prompt_id: tok(render_prompt(p, tok), add_special_tokens=False)["input_ids"] for p in prompts}
@@ -112,7 +142,8 @@ def main() -> None:
     fast = ForwardPath("compiled", args.compile_mode, capacity)
     compile_s = {"target": fast.warm_up(target, 1, target_ks(*args.gammas))}
     for d, pair in pairs.items():
-        compile_s[d] = fast.warm_up(pair.draft_model, 1, list(DRAFT_KS))
+        if pair.draft_model is not None:  # an n-gram draft has no forward to compile
+            compile_s[d] = fast.warm_up(pair.draft_model, 1, list(DRAFT_KS))
     print("compile seconds:", {k: round(v, 1) for k, v in compile_s.items()}, flush=True)
 
     # transformers as its users run it: torch's nn.Linear (the pair's target has specbench's tuned linears).
@@ -134,9 +165,7 @@ def main() -> None:
     for d, pair in pairs.items():
         for g in args.gammas:
             decoders[f"fast_spec:g{g}:{d}"] = lambda i, g=g, pair=pair: from_result(
-                speculative_decode(
-                    fast.lm(target), ModelDraft(pair.draft_model, lm=fast.lm(pair.draft_model)), [i], g, GREEDY, n, eos
-                )
+                speculative_decode(fast.lm(target), fast_draft(pair, fast), [i], g, GREEDY, n, eos)
             )
     names = list(decoders)
     rows = []
@@ -152,23 +181,31 @@ def main() -> None:
     floor = pd.DataFrame(bench_weight_stream(target.dtype, "cpu"))
     bandwidth = {p: (g.probe_bytes / g.t_stream).median() for p, g in floor.groupby("probe")}
     weights = {"target": streamed_weight_bytes(target)} | {
-        d: streamed_weight_bytes(p.draft_model) for d, p in pairs.items()
+        d: streamed_weight_bytes(p.draft_model) if p.draft_model is not None else 0 for d, p in pairs.items()
     }
-    new_shapes = fast.new_shapes(target, *(p.draft_model for p in pairs.values()))
-    meta = {"compile_seconds": compile_s, "bandwidth": bandwidth, "weights": weights, "new_shapes": new_shapes}
+    new_shapes = fast.new_shapes(target, *(p.draft_model for p in pairs.values() if p.draft_model is not None))
+    meta = {
+        "compile_seconds": compile_s,
+        "bandwidth": bandwidth,
+        "weights": weights,
+        "new_shapes": new_shapes,
+        "max_new_tokens": n,
+        "threads": torch.get_num_threads(),
+        "isa": environment_record()["cpu"]["isa"],
+    }
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=float))
-    summarize(df, out, args, compile_s, bandwidth, weights, new_shapes)
+    summarize(df, out, args, compile_s, bandwidth, weights, new_shapes, meta["isa"])
 
 
-def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes) -> None:
+def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes, isa=None) -> None:
     df = df.assign(tps=df.new_tokens / df.wall)
     wide = df.pivot(index="prompt_id", columns="decoder", values="tps")
-    env = environment_record()
+    isa = isa or environment_record()["cpu"]["isa"]
     lines = [
         "# Fast path benchmark",
         "",
-        f"- hardware: `{df.hardware.iloc[0]}`; ISA flags {env['cpu']['isa']['flags']}; torch kernels "
-        f"{env['cpu']['isa']['torch_capability']}; torch threads {torch.get_num_threads()}",
+        f"- hardware: `{df.hardware.iloc[0]}`; ISA flags {isa['flags']}; torch kernels "
+        f"{isa['torch_capability']}; torch threads {args.threads or torch.get_num_threads()}",
         f"- embedded pair, {args.dtype}, B = 1, greedy, max_new_tokens {args.max_new_tokens}, n = {len(wide)} "
         "Spec-Bench prompts (one per category), every decoder on every prompt, order rotated by prompt",
         f"- compile seconds (before timing): {', '.join(f'{k} {v:.0f}' for k, v in compile_s.items())}; "
@@ -185,7 +222,17 @@ def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes) -> None:
         lines.append(f"| {name} | {wide[name].median():.1f} | {acc:.1%} | {en:.2f} | {co:.1%} |")
     hf_best = max((c for c in wide.columns if c.startswith("hf_assisted")), key=lambda c: wide[c].median())
     fast_best = max((c for c in wide.columns if c.startswith("fast_spec")), key=lambda c: wide[c].median())
-    lines += ["", f"Best fast speculative: `{fast_best}`; best transformers assisted: `{hf_best}`.", ""]
+    # The floors say how close a model draft comes to the hardware; an n-gram draft has none.
+    model_best = max(
+        (c for c in wide.columns if c.startswith("fast_spec") and weights[c.split(":")[2]]),
+        key=lambda c: wide[c].median(),
+    )
+    lines += [
+        "",
+        f"Best fast speculative: `{fast_best}` (with a model draft: `{model_best}`); best transformers "
+        f"assisted: `{hf_best}`.",
+        "",
+    ]
     lines += ["| ratio (per prompt, median [95% CI]) | value |", "|---|---|"]
     for num, den in (
         (fast_best, "fast_ar"),
@@ -196,15 +243,16 @@ def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes) -> None:
         ("fast_ar", "eager_ar"),
         ("fast_ar", "hf_generate"),
         (fast_best, next(c for c in wide.columns if c.startswith("eager_spec"))),
+        *([(model_best, "fast_ar"), (model_best, hf_best)] if model_best != fast_best else []),
     ):
         m, lo, hi = median_ci(wide[num] / wide[den])
         lines.append(f"| {num} / {den} | {m:.2f}× [{lo:.2f}, {hi:.2f}] |")
     # Per-step costs of the fast path against the weight-streaming floors.
     ar = df[df.decoder == "fast_ar"]
     ct1 = (ar.t_verify.sum()) / ar.rounds.sum()
-    spec = df[df.decoder == fast_best]
-    gamma = int(fast_best.split(":")[1][1:])
-    draft = fast_best.split(":")[2]
+    spec = df[df.decoder == model_best]
+    gamma = int(model_best.split(":")[1][1:])
+    draft = model_best.split(":")[2]
     cd_tok = spec.t_draft.sum() / spec.drafted.sum()
     ct_verify = spec.t_verify.sum() / spec.rounds.sum()
     en = spec.committed.sum() / spec.rounds.sum()
@@ -213,6 +261,9 @@ def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes) -> None:
         ("C_t1 (fast baseline step)", ct1, weights["target"]),
         (f"C_d per token ({draft})", cd_tok, weights[draft]),
     ):
+        if not w:  # a draft with no weights (n-gram) has no floor
+            lines.append(f"| {what} | {t * 1e3:.1f} | – | – |")
+            continue
         fm, fr = w / bandwidth["matvec"], w / bandwidth["read"]
         lines.append(f"| {what} | {t * 1e3:.1f} | {fm * 1e3:.1f} ({t / fm:.2f}×) | {fr * 1e3:.1f} ({t / fr:.2f}×) |")
     lines.append(f"| C_t({gamma + 1}) verify | {ct_verify * 1e3:.1f} | | |")
@@ -227,15 +278,15 @@ def summarize(df, out, args, compile_s, bandwidth, weights, new_shapes) -> None:
         d, dr = df[df.decoder == name], name.split(":")[2]
         cd, cv = d.t_draft.sum() / d.drafted.sum(), d.t_verify.sum() / d.rounds.sum()
         m, lo, hi = median_ci(wide[name] / wide["fast_ar"])
+        over_floor = f"{cd / (weights[dr] / bandwidth['matvec']):.2f}×" if weights[dr] else "–"
         lines.append(
             f"| {name} | {d.accepted.sum() / d.drafted.sum():.1%} | {d.committed.sum() / d.rounds.sum():.2f} | "
-            f"{cd * 1e3:.1f} | {cd / ct1:.2f} | {cd / (weights[dr] / bandwidth['matvec']):.2f}× | {cv / ct1:.2f} | "
-            f"{m:.2f}× [{lo:.2f}, {hi:.2f}] |"
+            f"{cd * 1e3:.1f} | {cd / ct1:.2f} | {over_floor} | {cv / ct1:.2f} | {m:.2f}× [{lo:.2f}, {hi:.2f}] |"
         )
     for probe in ("matvec", "read"):
         ft, fd = weights["target"] / bandwidth[probe], weights[draft] / bandwidth[probe]
         ideal = en * ft / (gamma * fd + ct_verify)
-        measured = wide[fast_best].median() / wide["fast_ar"].median()
+        measured = wide[model_best].median() / wide["fast_ar"].median()
         lines.append(
             f"\nIdeal speedup at the {probe} floors (E[N] {en:.2f}, C_t1 and C_d at their floors, measured "
             f"C_t({gamma + 1})): {ideal:.2f}×; measured {measured:.2f}× = {measured / ideal:.0%} of it."

@@ -15,7 +15,7 @@ from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
-from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, resolve_kind
 from specbench.models.pair import load_pair
 
 
@@ -30,7 +30,7 @@ class DecodeOutput:
 def decode(
     prompts: str | list[str],
     target: str = "embedded",
-    draft: str = "w8a16",
+    draft: str = AUTO,
     draft_model: str | None = None,
     draft_vocab_top: int = 0,
     gamma: int = 4,
@@ -55,8 +55,9 @@ def decode(
     """Decode a batch of prompts (one batch of B = len(prompts)) with speculative decoding,
     or the autoregressive baseline when `speculative=False`.
 
-    `draft` is 'w8a16' (int8 copy of the target), 'w4a16' (int4), 'ngram' (prompt lookup) or 'model'
-    (then `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
+    `draft` is 'auto' (the measured default for this machine: `DEFAULT_DRAFTS`), 'w8a16' (int8 copy of the
+    target), 'w4a16' (int4), 'ngram' (prompt lookup) or 'model' (then `draft_model` names it like `target`:
+    'embedded', a .gguf, a dir or a hub id).
     `draft_vocab_top` > 0 restricts a model draft's head to that many ids (`draft.vocab_top`).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
@@ -81,6 +82,7 @@ def decode(
         device=device,
         cpu_linear=cpu_linear,
     )
+    draft = resolve_kind(draft, device)
     draft_cfg = DraftConfig(kind=draft, vocab_top=draft_vocab_top)  # validates against DRAFT_KINDS
     forward_cfg = ForwardConfig(path=forward)  # validates the path
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:

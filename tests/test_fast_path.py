@@ -15,6 +15,7 @@ import torch
 from conftest import VOCAB, hf_greedy
 from test_decoder import GREEDY, make_draft
 
+from specbench.decoding.attention import GROUPED
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for
@@ -104,8 +105,10 @@ def test_compiled_path_greedy_equals_target_generate_with_no_compile_while_decod
     for row, prompt in enumerate(prompts):
         assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
     assert f.new_shapes(target, close_draft) == 0
-    # Compiled forwards run transformers' eager attention on a copy; the shared model keeps SDPA.
+    # Compiled forwards run eager attention (k = 1) and the grouped form (k > 1) on copies; the shared
+    # model keeps SDPA.
     assert t.model is not target and t.model.config._attn_implementation == "eager"
+    assert t.verify_model is not target and t.verify_model.config._attn_implementation == GROUPED
     assert target.config._attn_implementation == "sdpa"
     per_round = {}
     for r in result.rounds:
@@ -189,3 +192,33 @@ def test_compiled_forward_checks_guards_at_a_shape_it_has_not_met(target, prompt
         tokens = torch.tensor([prompts[1][:k]])
         torch.testing.assert_close(lm.feed(tokens), ref.feed(tokens), rtol=1e-5, atol=1e-5)
     assert lm.new_shapes == 1
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_grouped_attention_equals_transformers_eager_attention(k):
+    """The grouped form (query heads of a group as rows against their one key/value head) gives eager
+    attention's output and weights, GQA and an additive mask included."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from specbench.decoding.attention import grouped_attention
+
+    g = torch.Generator().manual_seed(0)
+    module = torch.nn.Module().eval()
+    module.num_key_value_groups = 3
+    q, kv = torch.randn(2, 6, k, 8, generator=g), torch.randn(2, 2, 2, 11, 8, generator=g)
+    allowed = torch.rand(2, 1, k, 11, generator=g) > 0.3
+    allowed[..., 0] = True
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    out, weights = grouped_attention(module, q, kv[0], kv[1], mask, 0.125)
+    ref_out, ref_weights = eager_attention_forward(module, q, kv[0], kv[1], mask, 0.125)
+    torch.testing.assert_close(out, ref_out)
+    # weights [B, G, r·k, C] are eager's [B, H, k, C], heads of a group stacked as rows
+    torch.testing.assert_close(weights.reshape(ref_weights.shape), ref_weights)
+
+
+def test_grouped_attention_refuses_what_it_does_not_apply():
+    from specbench.decoding.attention import grouped_attention
+
+    x = torch.zeros(1, 2, 1, 4)
+    with pytest.raises(ValueError, match="softcap"):
+        grouped_attention(torch.nn.Module(), x, x[:, :1], x[:, :1], None, 1.0, softcap=30.0)

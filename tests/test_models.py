@@ -56,6 +56,32 @@ def test_bad_draft_kind_and_dtype():
         WorkloadConfig(kind="jsonl")
 
 
+@pytest.mark.parametrize(
+    ("capability", "decoder", "expected"),
+    [
+        ("avx2", "speculative", "ngram"),  # no weight-only kernel beats bf16 there: a model draft cannot be cheap
+        ("avx2", "hf_assisted", "w8a16"),  # transformers' assisted generation needs a draft model
+        ("avx512", "speculative", "w8a16"),
+    ],
+)
+def test_auto_draft_is_the_measured_default_for_the_cpu_class(monkeypatch, capability, decoder, expected):
+    from specbench.bench.envinfo import cpu_class, cpu_isa_flags
+
+    if "avx512f" not in cpu_isa_flags() and capability != "avx2":
+        pytest.skip("an AVX-512 class needs an AVX-512 CPU")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+    assert cpu_class() == ("avx2" if capability == "avx2" else "amx" if "amx_bf16" in cpu_isa_flags() else "avx512")
+    cfg = Config(decoder=decoder)
+    assert cfg.draft.kind == expected  # resolved before any check, so rows and checks see a real kind
+    assert Config(draft=DraftConfig(kind="w4a16"), decoder=decoder).draft.kind == "w4a16"  # named: kept
+
+
+def test_auto_draft_on_gpu_does_not_read_the_cpu():
+    from specbench.models.draft_kinds import DEFAULT_DRAFTS, resolve_kind
+
+    assert resolve_kind("auto", "cuda:1") == DEFAULT_DRAFTS["cuda"][0]
+
+
 def test_missing_gguf_path(tmp_path):
     with pytest.raises(ModelLoadError, match=r"model.gguf_file=.*nope.gguf.*no such GGUF file"):
         convert_gguf(tmp_path / "nope.gguf", tmp_path)

@@ -159,28 +159,6 @@ def test_is_oom_classification() -> None:
         assert rs.is_oom(outer)
 
 
-# ------------------------------------------------------------------ job ids
-
-
-def test_job_id_stable_readable_safe() -> None:
-    assert rs.job_id({"gamma": 4, "batch_size": 2}) == "batch_size=2,gamma=4"
-    assert rs.job_id({"batch_size": 2, "gamma": 4}) == rs.job_id({"gamma": 4, "batch_size": 2})
-    assert rs.job_id({"temperature": 0.7, "greedy": True, "top_k": None}) == "greedy=true,temperature=0.7,top_k=null"
-    assert rs.job_id({"draft": {"kind": "ngram", "n": 3}}) == "draft.kind=ngram,draft.n=3"
-    assert rs.job_id({}) == "default"
-    # unsafe characters are replaced and a hash keeps ids distinct
-    a, b = rs.job_id({"target": "org/model"}), rs.job_id({"target": "org_model"})
-    assert a != b and "/" not in a and a.startswith("target=org_model-")
-    long = rs.job_id({f"param_{i}": i for i in range(50)})
-    assert len(long) <= 100 and long == rs.job_id({f"param_{i}": i for i in range(50)})
-    assert long != rs.job_id({f"param_{i}": i + 1 for i in range(50)})
-    import re
-
-    for params in ({"x": "a b*?"}, {".hidden": 1}, {"l": [1, 2]}):
-        jid = rs.job_id(params)
-        assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._,=+-]*", jid), jid
-
-
 # ------------------------------------------------------------------ loading
 
 

@@ -75,6 +75,31 @@ def cpu_isa() -> dict[str, Any]:
     `torch_capability` honours ATEN_CPU_CAPABILITY (e.g. `avx2` forces the AVX2 kernels on an
     AVX-512 machine), so it, not the flags alone, says which code path was measured.
     """
+    try:
+        import torch
+
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # torch missing or too old: the flags still tell
+        capability = None
+    return {
+        "flags": cpu_isa_flags(),
+        "torch_capability": capability,
+        "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+    }
+
+
+def cpu_class() -> str:
+    """'amx', 'avx512' or 'avx2' (else 'other'): the class of bf16/int kernels this machine runs, from the
+    CPU flags and ATEN_CPU_CAPABILITY alone (torch is not imported: configs call this before it loads)."""
+    flags = set(cpu_isa_flags())
+    forced = (os.environ.get("ATEN_CPU_CAPABILITY") or "").lower()
+    if forced in ("avx2", "default") or "avx512f" not in flags:
+        return "avx2" if "avx2" in flags and forced != "default" else "other"
+    return "amx" if "amx_bf16" in flags else "avx512"
+
+
+def cpu_isa_flags() -> list[str]:
+    """The `ISA_FLAGS` this CPU has (/proc/cpuinfo; empty where it cannot be read)."""
     flags: set[str] = set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -84,17 +109,7 @@ def cpu_isa() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    try:
-        import torch
-
-        capability = str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # torch missing or too old: the flags still tell
-        capability = None
-    return {
-        "flags": [f for f in ISA_FLAGS if f in flags],
-        "torch_capability": capability,
-        "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
-    }
+    return [f for f in ISA_FLAGS if f in flags]
 
 
 def isa_label(isa: dict[str, Any] | None = None) -> str:

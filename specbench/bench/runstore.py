@@ -24,10 +24,8 @@ import dataclasses
 import datetime as _dt
 import errno
 import fnmatch
-import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 import traceback
@@ -50,7 +48,6 @@ DEFAULT_KEEP: tuple[str, ...] = ("*.log",)
 PathLike = str | os.PathLike[str]
 
 _RESERVED = {DONE_FILE, FAILURE_FILE}
-_SAFE_CHARS = re.compile(r"[^A-Za-z0-9._,=+-]")
 
 
 # --------------------------------------------------------------------------- writing
@@ -270,7 +267,7 @@ def prepare_job_dir(job_dir: PathLike, force: bool = False, keep: Iterable[str] 
     return True
 
 
-# --------------------------------------------------------------------------- job ids
+# --------------------------------------------------------------------------- reading
 
 
 def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -282,45 +279,6 @@ def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def _fmt_value(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, (str, int)):
-        return str(v)
-    if isinstance(v, (list, tuple)):
-        return "+".join(_fmt_value(x) for x in v)
-    return str(v)
-
-
-def job_id(params: Mapping[str, Any], max_len: int = 100) -> str:
-    """A stable, readable, filesystem-safe id for a job from its swept parameters.
-
-    `{"gamma": 4, "batch_size": 2}` -> `"batch_size=2,gamma=4"` (keys sorted, nested
-    dicts flattened with dots, like Hydra's override dirname). When characters had
-    to be replaced (so two ids could collide) or the id exceeds `max_len`, it is
-    truncated and suffixed with `-` and 8 hex digits of a hash of the full params.
-    Empty params give `"default"`.
-    """
-    flat = _flatten(params)
-    if not flat:
-        return "default"
-    raw = ",".join(f"{k}={_fmt_value(flat[k])}" for k in sorted(flat))
-    safe = _SAFE_CHARS.sub("_", raw)
-    if safe.startswith("."):
-        safe = "_" + safe[1:]
-    if safe == raw and len(safe) <= max_len:
-        return safe
-    digest = hashlib.sha1(json.dumps(flat, sort_keys=True, default=_json_default).encode()).hexdigest()[:8]
-    return f"{safe[: max(max_len - 9, 1)]}-{digest}"
-
-
-# --------------------------------------------------------------------------- reading
 
 
 def _check_sweep_dir(sweep_dir: PathLike) -> Path:

@@ -26,8 +26,11 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from specbench.decoding.attention import GROUPED
 from specbench.decoding.kvcache import attention_windows
 from specbench.decoding.timing import to_device, to_host
+
+ADDITIVE_MASKS = ("eager", GROUPED)  # attention implementations that add their mask to the scores
 
 
 class RowLayer(CacheLayerMixin):
@@ -43,9 +46,13 @@ class RowLayer(CacheLayerMixin):
         raise RuntimeError("RowLayer buffers are allocated by StaticLM.prefill")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        index = self.owner.write_at[:, None, :, None]  # [B, 1, k, 1]
-        self.keys.scatter_(2, index.expand_as(key_states), key_states)
-        self.values.scatter_(2, index.expand_as(value_states), value_states)
+        # states [B, kv_heads, k, d] go to columns write_at [B, k] of their rows. An index_put, not a
+        # scatter: inductor writes an index_put into the buffer in place, while a scatter became a copy
+        # of the whole layer's buffer in and out on every forward (3.9 ms of a 9.7 ms draft step here).
+        at = self.owner.write_at
+        rows = torch.arange(at.shape[0], device=at.device)[:, None]  # [B, 1]
+        self.keys[rows, :, at] = key_states.transpose(1, 2)  # indexed [B, k, kv_heads, d]
+        self.values[rows, :, at] = value_states.transpose(1, 2)
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -78,15 +85,18 @@ class StaticLM:
                 f"model config _attn_implementation={impl!r}: forward.path=static/compiled needs 'sdpa' or 'eager'"
             )
         self.source = model
-        self.model = model
+        self.model = model  # runs forwards of one token per row
+        self.verify_model = model  # runs forwards of more (a verify, a draft's catch-up)
         self.compiled = compile_mode is not None
         if self.compiled and impl != "eager":
-            # Compiled, transformers' eager attention (matmul + softmax) fuses into a few kernels: 30 layers
-            # at q_len 1 over 384 columns took 0.09 ms here, against 1.7 ms for the compiled SDPA call (CPU
-            # flash attention). A copy, so the model the other paths share keeps its implementation.
+            # Compiled at k = 1, transformers' eager attention fuses into two small kernels: a target step
+            # 14.7 ms, against 17.5 with SDPA's CPU flash attention and 17.7 with the grouped form. Past one
+            # row, eager's copies of the GQA-expanded keys cost most (k = 5: 30.3 ms; SDPA 21.5, grouped
+            # 19.9; AMX Xeon, 2 threads, scripts/profile_step.py). Copies, so the shared model keeps its own.
             self.model = copy.deepcopy(model)
             self.model.set_attn_implementation("eager")
-        self.additive_mask = self.model.config._attn_implementation == "eager"
+            self.verify_model = copy.deepcopy(model)
+            self.verify_model.set_attn_implementation(GROUPED)
         self.device = model.device
         self.windows = attention_windows(model.config)
         self.capacity = capacity
@@ -110,6 +120,7 @@ class StaticLM:
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One forward of tokens [S, k] at positions [S, k] (= their columns), S = every slot; logits [S, k, V]."""
+        model = self.model if tokens.shape[1] == 1 else self.verify_model
         self.cache.write_at = positions
         columns = torch.arange(self.capacity, device=positions.device)
         allowed = columns[None, None, None, :] <= positions[:, None, :, None]  # [S, 1, k, capacity]
@@ -117,13 +128,11 @@ class StaticLM:
             layer_type: allowed if window is None else allowed & (columns > positions[:, None, :, None] - window)
             for layer_type, window in self.windows.items()
         }
-        if self.additive_mask:  # eager attention adds its mask: 0 where allowed, the dtype's minimum elsewhere
-            low = torch.finfo(self.model.dtype).min
-            masks = {t: torch.zeros_like(m, dtype=self.model.dtype).masked_fill(~m, low) for t, m in masks.items()}
+        if model.config._attn_implementation in ADDITIVE_MASKS:  # 0 where allowed, the dtype's min elsewhere
+            low = torch.finfo(model.dtype).min
+            masks = {t: torch.zeros_like(m, dtype=model.dtype).masked_fill(~m, low) for t, m in masks.items()}
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
-        out = self.model(
-            input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
-        )
+        out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
         return out.logits
 
     @torch.inference_mode()
@@ -282,6 +291,11 @@ def compiled_forward(step, mode: str, device: torch.device):
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     inductor.freezing = True
+    # Inductor inlines a pointwise producer into its consumers unless its body is long. On CPU its
+    # default limit (50 ops) let q's rotary embedding (cos, sin, mul, add) be recomputed for every key
+    # column inside the fused attention reduction: 104 us a layer, a third of a 9.2 ms W4A16 draft step
+    # (AMX Xeon, 2 threads; scripts/profile_step.py). Realizing producers past 10 ops stores q once: 45 us.
+    inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
     if mode == "max-autotune" and device.type == "cpu":
         inductor.max_autotune = True
         inductor.max_autotune_gemm_backends = "CPP,ATEN"

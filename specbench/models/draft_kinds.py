@@ -46,6 +46,31 @@ class DraftKind:
 
 DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
 
+AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kinds the job can use
+# The embedded pair's drafts per device class, best first, from end-to-end runs of
+# scripts/bench_fast_path.py on that class (2 threads, 8 Spec-Bench prompts, greedy; folders in analysis/).
+# A kind moves up only when a run separates it: on AMX n-gram lookup had the better median (1.11x vs
+# 1.02x the fast baseline) but ran 0.84-2.64x by prompt, and n-gram / W8A16 was 1.07x [0.85, 2.54].
+# "cuda": never measured here (no GPU); the earlier default.
+DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
+    "amx": ("w8a16", "ngram", "w4a16"),  # fast_path_attention_cpu_amx/
+    "avx512": ("w8a16", "ngram", "w4a16"),  # fast_path_2threads_co_cpu_avx512/, draft_cpu_tuned_linears_avx512/
+    "avx2": ("ngram", "w8a16"),  # weight_only_kernels/, cpu_linear_avx2_only/: no int kernel beats bf16
+    "other": ("ngram", "w8a16"),  # no vector kernels to speak of: no model draft can be cheap
+    "cuda": ("w8a16", "ngram"),
+}
+
+
+def resolve_kind(kind: str, device: str, needs_model: bool = False) -> str:
+    """`kind`, or for `auto` the best default draft kind on `device` ('cpu', 'cuda', 'cuda:N') of this
+    machine: with `needs_model` (transformers' assisted generation drives the draft) the best with a model."""
+    if kind != AUTO:
+        return kind
+    from specbench.bench.envinfo import cpu_class
+
+    ranked = DEFAULT_DRAFTS["cuda" if str(device).startswith("cuda") else cpu_class()]
+    return next(k for k in ranked if DRAFT_KINDS.get(k).has_model or not needs_model)
+
 
 def _model_draft(pair: Pair) -> Draft:
     from specbench.decoding.drafts import ModelDraft

@@ -3,6 +3,7 @@ sweep's jobs (and the baseline) share one loaded copy."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specbench.config import DraftConfig, ModelConfig, PairConfig
 from specbench.decoding.drafts import Draft
 from specbench.decoding.forward import ForwardPath
-from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, resolve_kind
 from specbench.models.kernels import tune_cpu_linears
 from specbench.models.loading import check_same_tokenizer, check_same_vocab, eos_ids, load_model, resolve_dtype
 from specbench.models.vocab import frequent_tokens
@@ -61,6 +62,8 @@ def _load_config(m: ModelConfig, pair: PairConfig, field: str):
 
 def load_pair(pair: PairConfig, draft: DraftConfig) -> Pair:
     """Load (or reuse) the models; checks that target and draft share tokenizer and vocabulary."""
+    if draft.kind == AUTO:
+        draft = dataclasses.replace(draft, kind=resolve_kind(AUTO, pair.device))
     target, tokenizer = _load_config(pair.target, pair, "pair.target")
     kind = DRAFT_KINDS.get(draft.kind, "draft.kind")
     eos = eos_ids(tokenizer, target)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.deploy.plan import write_deployment
+from specbench.report.data import ReportData, report_meta
 from specbench.report.render import render_html, render_md
-from specbench.report.sections import ReportData, build_sections, report_meta, save_png
+from specbench.report.sections import build_sections, save_png
 
 PLOT_DPI = 100
 

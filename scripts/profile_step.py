@@ -1,0 +1,71 @@
+"""Where one compiled fast-path forward spends its time, kernel by kernel (torch.profiler).
+
+    python scripts/profile_step.py [--model draft|target] [--draft w4a16] [--k 1] [--threads 2] [--steps 64]
+
+Compiles the embedded target's (or a draft's) forward at k tokens with inductor's per-kernel
+records on (`cpp.enable_kernel_profile`), prefills a prompt, then profiles `--steps` forwards of
+k tokens (the prefill is outside the profile). Prints the median step time and the kernels by
+self time: GEMMs show as `gemm_m<k>n<out>k<in>`, fused pointwise/attention kernels as `cpp_fused_*`,
+and `Call CompiledFxGraph`'s self time is the Python wrapper between them. The figures behind the
+fast path's inductor settings (`specbench.decoding.static_kv.compiled_forward`) came from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch._inductor.config as inductor
+from torch.profiler import ProfilerActivity, profile
+
+from specbench.bench.envinfo import hardware_label
+from specbench.config import DraftConfig, PairConfig
+from specbench.decoding.forward import ForwardPath
+from specbench.models.pair import load_pair
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=("draft", "target"), default="draft")
+    ap.add_argument("--draft", default="w4a16", help="draft.kind (a kind with a model)")
+    ap.add_argument("--k", type=int, default=1, help="tokens per forward (a verify forward: gamma + 1)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=300)
+    ap.add_argument("--rows", type=int, default=25, help="kernels listed")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    inductor.cpp.enable_kernel_profile = True
+
+    pair = load_pair(PairConfig(dtype="bfloat16"), DraftConfig(kind=args.draft))
+    model = pair.draft_model if args.model == "draft" else pair.target
+    if model is None:
+        raise SystemExit(f"--draft {args.draft!r} has no model to profile; use --model target or a model draft")
+    fast = ForwardPath("compiled", "max-autotune", args.prompt_tokens + args.k * (args.steps + 21) + 1)
+    print(f"compile seconds: {fast.warm_up(model, 1, [args.k]):.1f}", flush=True)
+    lm = fast.lm(model)
+    x = torch.zeros(1, args.k, dtype=torch.long)
+
+    def steps(n: int) -> float:
+        lm.prefill([list(range(100, 100 + args.prompt_tokens))])
+        with torch.inference_mode():
+            lm.feed(x)  # outside the timing: the first call after a prefill
+            start = time.perf_counter()
+            for _ in range(n):
+                lm.feed(x)
+        return (time.perf_counter() - start) / n
+
+    times = sorted(steps(args.steps // 4) for _ in range(5))
+    print(f"{hardware_label('cpu')}, {args.threads} thread(s), {args.model} ({args.draft}), k = {args.k}")
+    print(f"step: median {times[2] * 1e3:.2f} ms (range {times[0] * 1e3:.2f}-{times[-1] * 1e3:.2f}, 5 blocks)")
+    lm.prefill([list(range(100, 100 + args.prompt_tokens))])
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            lm.feed(x)
+    print(f"per step, from {args.steps} profiled steps:")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Typed configs, registered with Hydra's ConfigStore and validated before any model loads.
+
+Each `__post_init__` names the field, the bad value and what is allowed. Hydra
+composes YAML from `conf/` onto these schemas; `OmegaConf.to_object` builds the
+dataclasses, which is where validation runs.
+
+Modules: `checks` (the shared field checks), `components` (models and pair, draft, sampling,
+workload, forward path), `llama_cpp` (decoder=llama_cpp's engine), `tune` (`+tune=gamma`); the
+job's `Config` and `register_configs` are here, and every schema is importable from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+from specbench.config.checks import at_least, choice
+from specbench.config.components import (
+    COMPILE_MODES,
+    CPU_LINEARS,
+    DTYPES,
+    FORWARD_PATHS,
+    WORKLOAD_KINDS,
+    DraftConfig,
+    ForwardConfig,
+    ModelConfig,
+    PairConfig,
+    SamplingSpec,
+    WorkloadConfig,
+)
+from specbench.config.llama_cpp import LlamaCppConfig
+from specbench.config.tune import TuneConfig
+from specbench.decoding.records import HF_ASSISTED, LLAMA_CPP, SPECULATIVE, SPECULATIVE_DECODERS
+from specbench.llama_cpp.options import check_sampling as check_llama_cpp_sampling
+from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, resolve_kind
+
+__all__ = [
+    "COMPILE_MODES",
+    "CPU_LINEARS",
+    "DTYPES",
+    "FORWARD_PATHS",
+    "WORKLOAD_KINDS",
+    "Config",
+    "DraftConfig",
+    "ForwardConfig",
+    "LlamaCppConfig",
+    "ModelConfig",
+    "PairConfig",
+    "SamplingSpec",
+    "TuneConfig",
+    "WorkloadConfig",
+    "register_configs",
+]
+
+
+@dataclass
+class Config:
+    """One job: a pair, a draft, a workload, a sampling config and the decoding settings."""
+
+    pair: PairConfig = field(default_factory=PairConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    decoder: str = SPECULATIVE  # speculative (specbench's) | hf_assisted (transformers') | llama_cpp
+    # More decoders interleaved in the same job (same prompts, seeds, alternating order): a fair
+    # comparison between decoders, free of the drift between jobs. E.g. [hf_assisted].
+    extra_decoders: list[str] = field(default_factory=list)
+    gamma: int = 4
+    batch_size: int = 1
+    max_new_tokens: int = 128
+    repeats: int = 1
+    warmup: int = 1  # prompts decoded (both decoders) before measuring; not recorded
+    seed: int = 0
+    baseline: bool = True  # interleave the autoregressive baseline prompt by prompt
+    sweep_name: str = "single"
+    runs_dir: str = "runs"
+    force: bool = False  # re-run jobs whose results exist
+    report: bool = True  # write the sweep report at the end of a multirun
+    threads: Optional[int] = None  # torch CPU threads per job (None: torch's default); cores / n_jobs when parallel
+    ct_bench: bool = True  # once per job: the C_t(k) micro-benchmark (k = 1..16) and the weight-streaming floor
+    tune: TuneConfig = field(default_factory=TuneConfig)  # +tune=gamma: choose γ with Optuna (specbench.tune)
+    llama_cpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # decoder=llama_cpp's engine settings
+    forward: ForwardConfig = field(default_factory=ForwardConfig)  # eager reference or the static/compiled fast path
+
+    def __post_init__(self) -> None:
+        if self.draft.kind == AUTO:
+            self.draft.kind = resolve_kind(AUTO, self.pair.device, needs_model=HF_ASSISTED in self.all_decoders)
+            self.draft.__post_init__()
+        choice("decoder", self.decoder, SPECULATIVE_DECODERS)
+        for name in self.extra_decoders:
+            choice("extra_decoders[]", name, SPECULATIVE_DECODERS)
+        if len(set(self.all_decoders)) != len(self.all_decoders):
+            raise ValueError(f"extra_decoders={list(self.extra_decoders)}: repeats decoder={self.decoder!r} or itself")
+        at_least("gamma", self.gamma, 0)  # 0: speculation off (the plain decoder alone, through the same protocol)
+        at_least("batch_size", self.batch_size, 1)
+        at_least("max_new_tokens", self.max_new_tokens, 1)
+        at_least("repeats", self.repeats, 1)
+        at_least("warmup", self.warmup, 0)
+        if self.threads is not None:
+            at_least("threads", self.threads, 1)
+        if HF_ASSISTED in self.all_decoders and self.batch_size != 1:
+            raise ValueError(f"batch_size={self.batch_size}: decoder='hf_assisted' supports batch_size=1 only")
+        kind = DRAFT_KINDS.get(self.draft.kind, "draft.kind")
+        if kind.uses_pair_draft and not (self.pair.draft.source or self.pair.draft.shape):
+            others = [k for k in DRAFT_KINDS.names() if not DRAFT_KINDS.get(k).uses_pair_draft]
+            raise ValueError(
+                f"draft.kind={self.draft.kind!r} needs pair.draft.source (or pair.draft.shape); pair {self.pair.name!r} "
+                f"has none. Pick draft={' or draft='.join(others)}, or a pair with a draft model"
+            )
+        if HF_ASSISTED in self.all_decoders and not kind.has_model:
+            with_model = [k for k in DRAFT_KINDS.names() if DRAFT_KINDS.get(k).has_model]
+            raise ValueError(
+                f"draft.kind={self.draft.kind!r} with decoder='hf_assisted': transformers' assisted "
+                f"generation needs a draft model; use draft={' or draft='.join(with_model)}"
+            )
+        if HF_ASSISTED in self.all_decoders:
+            from specbench.decoding.hf_assisted import check_sampling
+
+            check_sampling(self.sampling.build(), set())  # settings transformers cannot apply
+        if LLAMA_CPP in self.all_decoders:
+            self._check_llama_cpp()
+        self.tune.check(self)
+
+    def _check_llama_cpp(self) -> None:
+        if self.batch_size != 1:
+            raise ValueError(f"batch_size={self.batch_size}: decoder='llama_cpp' supports batch_size=1 only")
+        if self.pair.target.source != "embedded" or self.pair.target.shape:
+            raise ValueError(
+                f"pair.target.source={self.pair.target.source!r}: decoder='llama_cpp' runs GGUF copies of the "
+                "embedded model; use pair=embedded"
+            )
+        if self.tune.enabled:
+            raise ValueError("tune.enabled=true with decoder='llama_cpp': the tuner measures specbench's decoders only")
+        check_llama_cpp_sampling(self.sampling.build())
+
+    @property
+    def all_decoders(self) -> list[str]:
+        """The speculative decoders this job measures (the baseline comes on top): decoder + extra_decoders."""
+        return [self.decoder, *self.extra_decoders]
+
+
+def register_configs() -> None:
+    """Register the schema so conf/ YAML is type-checked against it."""
+    # Group YAML merges into the typed nodes of `Config`, so one schema types them all.
+    ConfigStore.instance().store(name="config_schema", node=Config)
