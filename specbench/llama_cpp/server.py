@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench.llama_cpp.binaries import find_tool
-from specbench.llama_cpp.options import DRAFT_SAMPLING, NGRAM_TYPES, speculative_flags
+from specbench.llama_cpp.options import DRAFT_SAMPLING, NGRAM_TYPES, amx_repack_flags, speculative_flags
 
 SPEC_TYPES = ("draft-simple", *NGRAM_TYPES)
 ROUND_LINE = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens")
@@ -61,7 +61,7 @@ class ServerSpec:
         """The command line (the binary first)."""
         cmd = [str(find_tool("llama-server", self.bin_dir)), "-m", str(self.target)]
         cmd += ["--host", "127.0.0.1", "--port", str(port), "-t", str(self.threads), "-tb", str(self.threads)]
-        cmd += ["-c", str(self.ctx_size), "-np", "1", "--no-webui", "--metrics"]
+        cmd += ["-c", str(self.ctx_size), "-np", "1", "--no-webui", "--metrics", *amx_repack_flags("llama-server")]
         cmd += [] if self.cache_prompt else ["--no-cache-prompt"]
         if self.speculative:
             draft = str(self.draft) if self.draft is not None else None
