@@ -14,6 +14,7 @@ from specbench.bench import runstore
 from specbench.deploy import cli
 from specbench.deploy.engines import ENGINES, DeployContext, filled_ranges
 from specbench.deploy.schedule import OFF, Range, build_schedules
+from specbench.llama_cpp.options import amx_repack_flags
 
 
 def table(rows, metric="latency", **setting) -> pd.DataFrame:
@@ -154,7 +155,7 @@ def test_all_off_yields_configs_without_speculation():
     [sg] = _commands(ENGINES.get("sglang").render(s, ctx))
     assert not any(a.startswith("--speculative") for a in sg)
     [ll] = _commands(ENGINES.get("llama_cpp").render(s, ctx))
-    assert ll == ["llama-server", "-m", "org/target-8b"]
+    assert ll == ["llama-server", "-m", "org/target-8b", *amx_repack_flags("llama-server")]  # host flags only
     tf = json.loads(ENGINES.get("transformers").render(s, ctx))
     assert set(tf) == {"specbench_note"}
 
