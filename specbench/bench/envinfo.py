@@ -11,6 +11,7 @@ because recording the environment must not kill a benchmark.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import platform
 import re
@@ -82,7 +83,7 @@ def cpu_isa() -> dict[str, Any]:
     except Exception:  # torch missing or too old: the flags still tell
         capability = None
     return {
-        "flags": cpu_isa_flags(),
+        "flags": list(cpu_isa_flags()),
         "torch_capability": capability,
         "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
     }
@@ -98,8 +99,9 @@ def cpu_class() -> str:
     return "amx" if "amx_bf16" in flags else "avx512"
 
 
-def cpu_isa_flags() -> list[str]:
-    """The `ISA_FLAGS` this CPU has (/proc/cpuinfo; empty where it cannot be read)."""
+@functools.cache
+def cpu_isa_flags() -> tuple[str, ...]:
+    """The `ISA_FLAGS` this CPU has (/proc/cpuinfo, read once per process; empty where it cannot be read)."""
     flags: set[str] = set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -109,7 +111,7 @@ def cpu_isa_flags() -> list[str]:
                     break
     except OSError:
         pass
-    return [f for f in ISA_FLAGS if f in flags]
+    return tuple(f for f in ISA_FLAGS if f in flags)
 
 
 def isa_label(isa: dict[str, Any] | None = None) -> str:
