@@ -105,11 +105,11 @@ def test_compiled_path_greedy_equals_target_generate_with_no_compile_while_decod
     for row, prompt in enumerate(prompts):
         assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
     assert f.new_shapes(target, close_draft) == 0
-    # Compiled forwards run eager attention (k = 1) and the grouped form (k > 1) on copies; the shared
-    # model keeps SDPA.
-    assert t.model is not target and t.model.config._attn_implementation == "eager"
-    assert t.verify_model is not target and t.verify_model.config._attn_implementation == GROUPED
+    # Compiled forwards run the grouped form on a copy of the modules that shares every weight; the
+    # shared model keeps SDPA.
+    assert t.model is not target and t.model.config._attn_implementation == GROUPED
     assert target.config._attn_implementation == "sdpa"
+    assert all(a is b for a, b in zip(t.model.parameters(), target.parameters(), strict=True))
     per_round = {}
     for r in result.rounds:
         per_round.setdefault(r.round, set()).add(r.accepted)
@@ -149,14 +149,32 @@ def test_job_on_the_fast_path_labels_rows_and_records_the_path(path, tmp_path):
         assert sorted(set(pd.read_parquet(job / "ct.parquet").k)) == [1, 5]
 
 
-def test_dtype_auto_on_cpu_is_the_measured_faster_one():
-    from specbench.models.loading import fastest_cpu_dtype, resolve_dtype
+@pytest.mark.parametrize("weights", [None, "int8", "int4"])
+def test_dtype_auto_on_cpu_times_a_round_in_the_jobs_kernels(weights):
+    # The probe once timed torch's default bf16 linear alone and picked fp32 on an AMX Xeon, where the
+    # tuned bf16 kernels were faster and a W8A16 draft in fp32 dequantized every weight per step.
+    from specbench.models.loading import PROBE_GAMMA, fastest_cpu_dtype, resolve_dtype
 
-    chosen, seconds = fastest_cpu_dtype()
-    assert set(seconds) == {"bfloat16", "float32"} and all(s > 0 for s in seconds.values())
-    assert chosen == min(seconds, key=lambda d: (seconds[d], d != "bfloat16"))
-    assert resolve_dtype("auto", "cpu") == getattr(torch, chosen)
-    assert resolve_dtype("float32", "cpu") == torch.float32
+    chosen, seconds = fastest_cpu_dtype(weights)
+    assert set(seconds) == {"bfloat16", "float32"}
+    for parts in seconds.values():
+        assert set(parts) == ({"target", "round"} | ({"draft"} if weights else set()))
+        assert all(s > 0 for s in parts.values())
+        assert parts["round"] == pytest.approx(parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0))
+    assert chosen == min(seconds, key=lambda d: (seconds[d]["round"], d != "bfloat16"))
+    assert resolve_dtype("auto", "cpu", weights) == getattr(torch, chosen)
+    assert resolve_dtype("float32", "cpu", weights) == torch.float32
+
+
+def test_load_pair_resolves_dtype_auto_with_its_draft_before_loading():
+    from specbench.config import DraftConfig, ModelConfig, PairConfig
+    from specbench.models.loading import fastest_cpu_dtype
+    from specbench.models.pair import load_pair
+
+    tiny = ModelConfig(source=None, shape="tiny-llama")
+    pair = load_pair(PairConfig(name="tiny", target=tiny, draft=tiny, dtype="auto"), DraftConfig(kind="w8a16"))
+    assert str(pair.target.dtype) == f"torch.{fastest_cpu_dtype('int8')[0]}"
+    assert pair.draft_model.dtype == pair.target.dtype
 
 
 @pytest.mark.parametrize("layer_class", ["Int8Linear", "Int4Linear"])

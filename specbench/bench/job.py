@@ -94,10 +94,12 @@ def check_shape_only_workload(cfg: Config) -> None:
 
 
 def auto_dtype_record(cfg: Config) -> dict:
-    """`pair.dtype=auto` on CPU: the measured choice and the probe's seconds (`fastest_cpu_dtype`)."""
+    """`pair.dtype=auto` on CPU: the measured choice and the probe's seconds (`fastest_cpu_dtype`, the same
+    call `load_pair` made, so the record is the choice the job ran)."""
     if cfg.pair.dtype != "auto" or cfg.pair.device != "cpu":
         return {}
-    chosen, seconds = fastest_cpu_dtype()
+    weights = DRAFT_KINDS.get(cfg.draft.kind, "draft.kind").weights
+    chosen, seconds = fastest_cpu_dtype(weights, cfg.pair.cpu_linear)
     return {"auto_dtype": {"chosen": chosen, "probe_seconds": seconds}}
 
 

@@ -5,7 +5,9 @@ key/value head once per query head of its group (`repeat_kv`); over a preallocat
 the whole cache, every layer, every forward, and under `torch.compile` the scores matmul then packed
 those copies into a GEMM template's layout as well (a k = 5 target step 30 ms on the AMX Xeon here,
 20 ms of it attention). Here the query heads of a group become extra rows against their one
-key/value head: the same scores, nothing copied.
+key/value head: the same scores, nothing copied. At one query a row (a draft step, a plain decode
+step) that form's GEMM of r rows is slower than eager's broadcast (17.7 vs 14.7 ms a target step
+there), so one query takes eager's form, which inductor fuses into two small reductions.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def grouped_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query [B, H, k, d], key/value [B, G, C, d] (H = G·r), additive mask [B, 1, k, C] or None;
-    returns (output [B, k, H, d], weights [B, G, r·k, C]), as transformers' attention functions do."""
+    returns (output [B, k, H, d], weights [B, G, r·k, C]; [B, H, 1, C] at k = 1), as transformers' attention functions do."""
     extras = {name: kwargs[name] for name in ("softcap", "s_aux") if kwargs.get(name) is not None}
     if extras:  # logit soft-capping (Gemma 2), attention sinks (gpt-oss): not in this form
         raise ValueError(
@@ -37,6 +39,10 @@ def grouped_attention(
     b, h, k, d = query.shape
     g, c = key.shape[1], key.shape[2]
     r = h // g  # query heads per key/value head: transformers orders them head = kv_head · r + i
+    if k == 1:  # eager's form (repeat_kv, per-head matmuls): under inductor, a broadcast reduction
+        key = key[:, :, None].expand(b, g, r, c, d).reshape(b, h, c, d)  # [B, H, C, d]
+        value = value[:, :, None].expand(b, g, r, c, d).reshape(b, h, c, d)
+        g, r = h, 1
     q = query.reshape(b, g, r * k, d)  # [B, G, r·k, d]
     scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [B, G, r·k, C]
     if attention_mask is not None:

@@ -85,18 +85,15 @@ class StaticLM:
                 f"model config _attn_implementation={impl!r}: forward.path=static/compiled needs 'sdpa' or 'eager'"
             )
         self.source = model
-        self.model = model  # runs forwards of one token per row
-        self.verify_model = model  # runs forwards of more (a verify, a draft's catch-up)
+        self.model = model
         self.compiled = compile_mode is not None
         if self.compiled and impl != "eager":
-            # Compiled at k = 1, transformers' eager attention fuses into two small kernels: a target step
-            # 14.7 ms, against 17.5 with SDPA's CPU flash attention and 17.7 with the grouped form. Past one
-            # row, eager's copies of the GQA-expanded keys cost most (k = 5: 30.3 ms; SDPA 21.5, grouped
-            # 19.9; AMX Xeon, 2 threads, scripts/profile_step.py). Copies, so the shared model keeps its own.
-            self.model = copy.deepcopy(model)
-            self.model.set_attn_implementation("eager")
-            self.verify_model = copy.deepcopy(model)
-            self.verify_model.set_attn_implementation(GROUPED)
+            # The grouped form (`attention.grouped_attention`): compiled, a k = 5 target step took 19.9 ms
+            # against eager's 30.3 and SDPA's 21.5 (AMX Xeon, 2 threads, scripts/profile_step.py); at k = 1 it
+            # is eager's form (14.7 ms; SDPA 17.5). A copy of the modules, so the shared model keeps its own
+            # attention; the copy shares the parameters (the memo), so no weight is duplicated.
+            self.model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
+            self.model.set_attn_implementation(GROUPED)
         self.device = model.device
         self.windows = attention_windows(model.config)
         self.capacity = capacity
@@ -120,7 +117,7 @@ class StaticLM:
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One forward of tokens [S, k] at positions [S, k] (= their columns), S = every slot; logits [S, k, V]."""
-        model = self.model if tokens.shape[1] == 1 else self.verify_model
+        model = self.model
         self.cache.write_at = positions
         columns = torch.arange(self.capacity, device=positions.device)
         allowed = columns[None, None, None, :] <= positions[:, None, :, None]  # [S, 1, k, capacity]

@@ -37,6 +37,7 @@ class DraftKind:
     build: Callable[[Pair], Draft]
     uses_pair_draft: bool = False  # needs pair.draft (a separate model)
     has_model: bool = True  # a draft model exists (transformers' assisted generation can drive it)
+    weights: str | None = None  # a weight-only copy of the target: its format ('int8' | 'int4'; dtype=auto times it)
 
     def row_label(self, target: str, pair_cfg: PairConfig, draft_cfg: DraftConfig) -> str:
         """The draft's name in rows: `label`, plus the head's vocabulary size when it is restricted."""
@@ -119,6 +120,7 @@ DRAFT_KINDS.register(
         load=_load_w8a16,
         label=lambda target, p, d: f"w8a16({target})",
         build=_model_draft,
+        weights="int8",
     ),
 )
 DRAFT_KINDS.register(
@@ -127,6 +129,7 @@ DRAFT_KINDS.register(
         load=_load_w4a16,
         label=lambda target, p, d: f"w4a16({target})",
         build=_model_draft,
+        weights="int4",
     ),
 )
 DRAFT_KINDS.register(

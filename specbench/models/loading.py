@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 from platformdirs import user_cache_dir
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.config import DTYPES as DTYPE_NAMES
-from specbench.models.kernels import interleaved_medians
+from specbench.models.kernels import CpuLinear, interleaved_medians, prepack_supported
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,36 +40,77 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", user_cache_dir("specbench")))
 
 
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """'auto': on GPUs bf16 where supported, else fp16; on CPUs the faster of bf16 and fp32 at a
-    decode step's shape on this machine and its kernels (`fastest_cpu_dtype`)."""
+def resolve_dtype(dtype: str, device: str, draft_weights: str | None = None, cpu_linear: str = "tuned") -> torch.dtype:
+    """'auto': on GPUs bf16 where supported, else fp16; on CPUs the dtype whose decode round runs faster
+    on this machine, in the kernels the job will run (`fastest_cpu_dtype`)."""
     if dtype == "auto":
         if torch.device(device).type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return DTYPES[fastest_cpu_dtype()[0]]
+        return DTYPES[fastest_cpu_dtype(draft_weights, cpu_linear)[0]]
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: must be one of {list(DTYPE_NAMES)}")
     return DTYPES[dtype]
 
 
-@functools.lru_cache(maxsize=1)
-def fastest_cpu_dtype(repeats: int = 5) -> tuple[str, dict[str, float]]:
-    """('bfloat16' | 'float32', median seconds of each): a decode step's matvecs (k = 1 rows against
-    24 SmolLM-shaped 1536 x 576 weights, past the caches) in both dtypes, interleaved; once per process.
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bfloat16' for torch.bfloat16: the config's name of a torch dtype."""
+    return next(name for name, d in DTYPES.items() if d == dtype)
 
-    Which one wins depends on the ISA and torch's kernels for it (AVX-512-bf16 has native bf16 dot
-    products, AVX2 converts), so it is measured rather than assumed; a tie goes to bf16."""
+
+PROBE_GAMMA = 4  # draft steps per probed round: fixed, so every job of a gamma sweep picks alike
+PROBE_SHAPE = (1536, 576)  # SmolLM2-135M's MLP weights [out, in]; 24 copies stream from memory
+
+
+@functools.lru_cache(maxsize=8)
+def fastest_cpu_dtype(
+    draft_weights: str | None = None, cpu_linear: str = "tuned", repeats: int = 7
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """('bfloat16' | 'float32', per dtype the median seconds of a decode step's matvecs: {'target': ..,
+    'draft': .., 'round': target + PROBE_GAMMA x draft}); the lower round wins, a tie goes to bf16.
+
+    Timed in the kernels a job runs, interleaved, once per process and setting: the target's matvecs
+    in bf16 as `CpuLinear` runs them (the faster of ATen's gemv and the prepacked oneDNN kernel) unless
+    `cpu_linear='torch'`, in fp32 as nn.Linear; a weight-only draft's (`draft_weights` 'int8' | 'int4')
+    in its layer's kernel for that dtype (no int8 kernel takes fp32 activations: it dequantizes). On an
+    AMX Xeon the probe of torch's default bf16 linear alone picked fp32, whose W8A16 draft cost 2x C_t1."""
+    from specbench.models.quant import WEIGHT_ONLY_LAYERS
+
     g = torch.Generator().manual_seed(0)
-    weights = {
-        d: [torch.randn(1536, 576, generator=g).to(DTYPES[d]) for _ in range(24)] for d in ("bfloat16", "float32")
-    }
-    xs = {d: torch.randn(1, 576, generator=g).to(DTYPES[d]) for d in weights}
+    out_features, in_features = PROBE_SHAPE
+    runs, names = {}, ("bfloat16", "float32")
+    for name in names:
+        linears = [
+            nn.Linear(in_features, out_features, bias=False, dtype=DTYPES[name]).requires_grad_(False)
+            for _ in range(24)
+        ]
+        for linear in linears:
+            linear.weight.copy_(torch.randn(out_features, in_features, generator=g))
+        x = torch.randn(1, in_features, generator=g).to(DTYPES[name])
+        target = {"torch": linears}
+        if name == "bfloat16" and cpu_linear == "tuned":
+            tuned = [CpuLinear(linear) for linear in linears]
+            for layer in tuned:
+                layer.pack()
+            target = {"gemv": [t.gemv for t in tuned]}
+            if prepack_supported():
+                target["prepacked"] = [t.prepacked for t in tuned]
+        for kernel, fs in target.items():
+            runs[(name, "target", kernel)] = lambda fs=fs, x=x: [f(x) for f in fs]
+        if draft_weights:
+            draft = [WEIGHT_ONLY_LAYERS[draft_weights](linear, probe=False) for linear in linears]
+            runs[(name, "draft", draft_weights)] = lambda fs=draft, x=x: [f(x) for f in fs]
     with torch.inference_mode():  # the first pass warms up: not recorded
-        median = interleaved_medians(
-            {d: lambda d=d, ws=ws: [torch.nn.functional.linear(xs[d], w) for w in ws] for d, ws in weights.items()},
-            repeats,
-        )
-    return ("bfloat16" if median["bfloat16"] <= median["float32"] else "float32"), median
+        median = interleaved_medians(runs, repeats)
+    seconds = {}
+    for name in names:
+        parts = {
+            part: min(t for (n, p, _), t in median.items() if n == name and p == part)
+            for part in ("target", "draft")
+            if any(n == name and p == part for n, p, _ in median)
+        }
+        seconds[name] = {**parts, "round": parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0)}
+    chosen = "bfloat16" if seconds["bfloat16"]["round"] <= seconds["float32"]["round"] else "float32"
+    return chosen, seconds
 
 
 def embedded_gguf() -> Path:

@@ -47,7 +47,7 @@ def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dty
     if torch.device(device).type != "cpu" or dtype not in KERNEL_DTYPES[kind]:
         return 0
     linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype)
-    layer = (Int8Linear if kind == "int8" else Int4Linear)(linear, probe=False)
+    layer = WEIGHT_ONLY_LAYERS[kind](linear, probe=False)
     best, gemm = 0, 0.0
     with torch.inference_mode():
         for rows in PROBE_ROWS:
@@ -152,6 +152,9 @@ class Int4Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
+WEIGHT_ONLY_LAYERS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}  # by weight format
+
+
 def _quantize(model: nn.Module, layer: type[nn.Module], vocab: tuple[int, ...] | None) -> nn.Module:
     quantized = copy.deepcopy(model)
     if vocab is not None:
@@ -190,7 +193,7 @@ def quantize_w4a16_cached(model: nn.Module, vocab: tuple[int, ...] | None = None
 
 def kernel_choices(model: nn.Module) -> dict[str, int]:
     """Per quantized weight shape, the rows up to which its layers use torch's kernel (for job records)."""
-    kinds = {Int8Linear: "int8", Int4Linear: "int4"}
+    kinds = {layer: name for name, layer in WEIGHT_ONLY_LAYERS.items()}
     return {
         f"{kinds[type(m)]} {m.out_features}x{m.in_features}": m.kernel_rows for m in model.modules() if type(m) in kinds
     }
