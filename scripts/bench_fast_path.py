@@ -20,6 +20,7 @@ cost model's ideal speedup at the floors) into --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -34,7 +35,6 @@ from specbench.bench.microbench import bench_weight_stream, streamed_weight_byte
 from specbench.bench.workloads import load_workload, render_prompt
 from specbench.config import DraftConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
-from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import DRAFT_KS, ForwardPath, capacity_for, target_ks
 from specbench.decoding.hf_assisted import hf_assisted_decode
 from specbench.decoding.sampling import SamplingConfig
@@ -74,13 +74,6 @@ def from_result(result) -> dict:
             "committed": r.committed.sum(),
         }
     return row
-
-
-def fast_draft(pair, fast: ForwardPath):
-    """A fresh draft for one decode: a model draft on the fast path, or the kind's own (n-gram) draft."""
-    if pair.draft_model is None:
-        return pair.new_draft()
-    return ModelDraft(pair.draft_model, lm=fast.lm(pair.draft_model))
 
 
 def draft_config(spec: str, corpus: str | None) -> DraftConfig:
@@ -163,9 +156,10 @@ def main() -> None:
     )
     decoders["fast_ar"] = lambda i: from_result(autoregressive_decode(fast.lm(target), [i], GREEDY, n, eos))
     for d, pair in pairs.items():
+        fast_pair = dataclasses.replace(pair, forward=fast)  # its drafts run on the fast path
         for g in args.gammas:
-            decoders[f"fast_spec:g{g}:{d}"] = lambda i, g=g, pair=pair: from_result(
-                speculative_decode(fast.lm(target), fast_draft(pair, fast), [i], g, GREEDY, n, eos)
+            decoders[f"fast_spec:g{g}:{d}"] = lambda i, g=g, fast_pair=fast_pair: from_result(
+                speculative_decode(fast.lm(target), fast_pair.new_draft(), [i], g, GREEDY, n, eos)
             )
     names = list(decoders)
     rows = []

@@ -94,6 +94,7 @@ class StaticLM:
             # attention; the copy shares the parameters (the memo), so no weight is duplicated.
             self.model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
             self.model.set_attn_implementation(GROUPED)
+        self.additive_mask = self.model.config._attn_implementation in ADDITIVE_MASKS
         self.device = model.device
         self.windows = attention_windows(model.config)
         self.capacity = capacity
@@ -117,7 +118,6 @@ class StaticLM:
 
     def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One forward of tokens [S, k] at positions [S, k] (= their columns), S = every slot; logits [S, k, V]."""
-        model = self.model
         self.cache.write_at = positions
         columns = torch.arange(self.capacity, device=positions.device)
         allowed = columns[None, None, None, :] <= positions[:, None, :, None]  # [S, 1, k, capacity]
@@ -125,11 +125,13 @@ class StaticLM:
             layer_type: allowed if window is None else allowed & (columns > positions[:, None, :, None] - window)
             for layer_type, window in self.windows.items()
         }
-        if model.config._attn_implementation in ADDITIVE_MASKS:  # 0 where allowed, the dtype's min elsewhere
-            low = torch.finfo(model.dtype).min
-            masks = {t: torch.zeros_like(m, dtype=model.dtype).masked_fill(~m, low) for t, m in masks.items()}
+        if self.additive_mask:  # 0 where allowed, the dtype's min elsewhere
+            low = torch.finfo(self.model.dtype).min
+            masks = {t: torch.zeros_like(m, dtype=self.model.dtype).masked_fill(~m, low) for t, m in masks.items()}
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
-        out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
+        )
         return out.logits
 
     @torch.inference_mode()

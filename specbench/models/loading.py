@@ -41,20 +41,20 @@ def default_cache_dir() -> Path:
 
 
 def resolve_dtype(dtype: str, device: str, draft_weights: str | None = None, cpu_linear: str = "tuned") -> torch.dtype:
-    """'auto': on GPUs bf16 where supported, else fp16; on CPUs the dtype whose decode round runs faster
-    on this machine, in the kernels the job will run (`fastest_cpu_dtype`)."""
+    """A config's dtype name as a torch dtype ('auto' as `auto_dtype` picks it)."""
     if dtype == "auto":
-        if torch.device(device).type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return DTYPES[fastest_cpu_dtype(draft_weights, cpu_linear)[0]]
+        return DTYPES[auto_dtype(device, draft_weights, cpu_linear)]
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: must be one of {list(DTYPE_NAMES)}")
     return DTYPES[dtype]
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """'bfloat16' for torch.bfloat16: the config's name of a torch dtype."""
-    return next(name for name, d in DTYPES.items() if d == dtype)
+def auto_dtype(device: str, draft_weights: str | None = None, cpu_linear: str = "tuned") -> str:
+    """The dtype name 'auto' stands for: on GPUs bf16 where supported, else fp16; on CPUs the one whose
+    decode round runs faster on this machine, in the kernels the job will run (`fastest_cpu_dtype`)."""
+    if torch.device(device).type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return fastest_cpu_dtype(draft_weights, cpu_linear)[0]
 
 
 PROBE_GAMMA = 4  # draft steps per probed round: fixed, so every job of a gamma sweep picks alike
@@ -75,16 +75,15 @@ def fastest_cpu_dtype(
     AMX Xeon the probe of torch's default bf16 linear alone picked fp32, whose W8A16 draft cost 2x C_t1."""
     from specbench.models.quant import WEIGHT_ONLY_LAYERS
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)  # not the global RNG: probing must not shift a job's seeds
     out_features, in_features = PROBE_SHAPE
     runs, names = {}, ("bfloat16", "float32")
     for name in names:
         linears = [
-            nn.Linear(in_features, out_features, bias=False, dtype=DTYPES[name]).requires_grad_(False)
-            for _ in range(24)
+            nn.utils.skip_init(nn.Linear, in_features, out_features, bias=False, dtype=DTYPES[name]) for _ in range(24)
         ]
         for linear in linears:
-            linear.weight.copy_(torch.randn(out_features, in_features, generator=g))
+            linear.requires_grad_(False).weight.copy_(torch.randn(out_features, in_features, generator=g))
         x = torch.randn(1, in_features, generator=g).to(DTYPES[name])
         target = {"torch": linears}
         if name == "bfloat16" and cpu_linear == "tuned":
@@ -101,14 +100,11 @@ def fastest_cpu_dtype(
             runs[(name, "draft", draft_weights)] = lambda fs=draft, x=x: [f(x) for f in fs]
     with torch.inference_mode():  # the first pass warms up: not recorded
         median = interleaved_medians(runs, repeats)
-    seconds = {}
-    for name in names:
-        parts = {
-            part: min(t for (n, p, _), t in median.items() if n == name and p == part)
-            for part in ("target", "draft")
-            if any(n == name and p == part for n, p, _ in median)
-        }
-        seconds[name] = {**parts, "round": parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0)}
+    seconds: dict[str, dict[str, float]] = {name: {} for name in names}
+    for (name, part, _kernel), t in median.items():  # a part's kernel is the faster of those timed
+        seconds[name][part] = min(t, seconds[name].get(part, t))
+    for parts in seconds.values():
+        parts["round"] = parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0)
     chosen = "bfloat16" if seconds["bfloat16"]["round"] <= seconds["float32"]["round"] else "float32"
     return chosen, seconds
 

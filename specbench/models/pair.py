@@ -16,9 +16,9 @@ from specbench.decoding.forward import ForwardPath
 from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, resolve_kind
 from specbench.models.kernels import tune_cpu_linears
 from specbench.models.loading import (
+    auto_dtype,
     check_same_tokenizer,
     check_same_vocab,
-    dtype_name,
     eos_ids,
     load_model,
     resolve_dtype,
@@ -67,18 +67,13 @@ def _load_config(m: ModelConfig, pair: PairConfig, field: str):
     return _load(m.source, m.gguf_file, m.shape, pair.dtype, pair.device, pair.cache_dir, field, pair.cpu_linear)
 
 
-def auto_dtype(pair: PairConfig, draft_weights: str | None) -> str:
-    """The dtype name `pair.dtype=auto` stands for with this draft on this machine (`resolve_dtype`)."""
-    return dtype_name(resolve_dtype("auto", pair.device, draft_weights, pair.cpu_linear))
-
-
 def load_pair(pair: PairConfig, draft: DraftConfig) -> Pair:
     """Load (or reuse) the models; checks that target and draft share tokenizer and vocabulary."""
     if draft.kind == AUTO:
         draft = dataclasses.replace(draft, kind=resolve_kind(AUTO, pair.device))
     kind = DRAFT_KINDS.get(draft.kind, "draft.kind")
     if pair.dtype == "auto":  # resolved before loading, with the draft's kernels: one cached load per dtype
-        pair = dataclasses.replace(pair, dtype=auto_dtype(pair, kind.weights))
+        pair = dataclasses.replace(pair, dtype=auto_dtype(pair.device, kind.weights, pair.cpu_linear))
     target, tokenizer = _load_config(pair.target, pair, "pair.target")
     eos = eos_ids(tokenizer, target)
     vocab = (
