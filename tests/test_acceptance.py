@@ -9,7 +9,13 @@ import pytest
 import torch
 from scipy import stats
 
-from specbench.decoding.acceptance import acceptance_probability, rejection_sample, residual
+from specbench.decoding.acceptance import (
+    GREEDY_FORMS,
+    acceptance_probability,
+    greedy_accept,
+    rejection_sample,
+    residual,
+)
 from specbench.decoding.sampling import SamplingConfig, process_logits
 
 # ---------------------------------------------------------------- exact (Fractions)
@@ -98,6 +104,38 @@ def test_greedy_accepts_iff_argmax_and_recovers_argmax():
     q = process_logits(torch.tensor([[[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]]), SamplingConfig(temperature=0))
     out = rejection_sample(torch.tensor([[1, 1]]), q, p, generator=torch.Generator().manual_seed(0))
     assert out.accepted.item() == 1 and out.extra_token.item() == 0
+
+
+@pytest.mark.parametrize("q_kind", ["one-hot at the draft", "one-hot elsewhere", "full support", "zero at the draft"])
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_form_equals_the_rule_on_one_hot_p_for_any_q(q_kind, gamma):
+    """`greedy_accept` from argmax p gives exactly `rejection_sample`'s accepted/extra/bonus whenever p is one-hot."""
+    g = torch.Generator().manual_seed(gamma)
+    batch, vocab = 256, 5
+    target = torch.randint(0, vocab, (batch, gamma + 1), generator=g)
+    # drafts that match the target's argmax most of the time, so every accepted count occurs
+    drafts = torch.where(
+        torch.rand(batch, gamma, generator=g) < 0.8,
+        target[:, :gamma],
+        torch.randint(0, vocab, (batch, gamma), generator=g),
+    )
+    p = torch.nn.functional.one_hot(target, vocab).double()
+    if q_kind == "full support":
+        q = torch.rand(batch, gamma, vocab, generator=g, dtype=torch.double) + 0.01
+    else:
+        at = drafts if q_kind != "one-hot elsewhere" else (drafts + 1) % vocab
+        q = torch.nn.functional.one_hot(at, vocab).double()
+        if q_kind == "zero at the draft":
+            q = torch.nn.functional.one_hot((drafts + 2) % vocab, vocab).double() * 0.5 + q * 0 + 0.5 / vocab
+            q.scatter_(-1, drafts[..., None], 0.0)
+    q = q / q.sum(-1, keepdim=True)
+    general = rejection_sample(drafts, q, p, generator=torch.Generator().manual_seed(0))
+    greedy = greedy_accept(drafts, target)
+    assert torch.equal(greedy.accepted, general.accepted)
+    assert torch.equal(greedy.extra_token, general.extra_token)
+    assert torch.equal(greedy.is_bonus, general.is_bonus)
+    assert set(greedy.accepted.tolist()) == set(range(gamma + 1))  # every outcome was exercised
+    assert GREEDY_FORMS[rejection_sample] is greedy_accept
 
 
 def test_rows_are_ragged_and_independent():

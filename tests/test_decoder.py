@@ -109,6 +109,26 @@ def test_eos_and_max_new_tokens_per_row(target, prompts):
     assert min(r.n_active for r in result.rounds) < len(prompts)
 
 
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_greedy_form_decodes_what_the_general_rule_decodes(kind, target, close_draft, prompts):
+    """Under greedy the decoder takes `GREEDY_FORMS`; a rule outside it runs on p and q: same rounds, same tokens."""
+    from specbench.decoding.acceptance import rejection_sample
+
+    def general(*args, **kwargs):  # the same rule, not registered: the decoder builds p and runs it
+        return rejection_sample(*args, **kwargs)
+
+    runs = [
+        speculative_decode(
+            CachedLM(target), make_draft(kind, target, close_draft), prompts, 4, GREEDY, 24, set(), rule=rule
+        )
+        for rule in (rejection_sample, general)
+    ]
+    assert runs[0].tokens == runs[1].tokens
+    outcomes = [[(r.row, r.accepted, r.extra, r.committed) for r in run.rounds] for run in runs]
+    assert outcomes[0] == outcomes[1]
+    assert len({r.accepted for r in runs[0].rounds}) > 1  # rejections and acceptances both happened
+
+
 def test_records_are_raw_and_consistent(target, close_draft, prompts):
     result = speculative_decode(CachedLM(target), ModelDraft(close_draft), prompts, 4, GREEDY, 20, set())
     for r in result.rounds:

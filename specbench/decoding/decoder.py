@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.decoding.acceptance import Acceptance, rejection_sample
+from specbench.decoding.acceptance import GREEDY_FORMS, Acceptance, rejection_sample
 from specbench.decoding.drafts import Draft
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
@@ -188,14 +188,16 @@ def speculative_decode(
     """Draft gamma -> one target forward over gamma + 1 -> commit accepted + recovered/bonus.
 
     `on_round(seqs, rows)` sees the committed tokens after every round (cache checks in
-    tests); `rule` swaps the acceptance rule and `context_class` how the processors' per-position
-    contexts are built (the audit's deliberately broken variants).
+    tests); `rule` swaps the acceptance rule (under greedy its `GREEDY_FORMS` entry runs, where it has
+    one) and `context_class` how the processors' per-position contexts are built (the audit's
+    deliberately broken variants).
     """
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma={gamma!r}: must be an integer >= 1")
     timer = timer or PhaseTimer(target.device)
     batch, start, first_mark = _start(target, prompts, max_new_tokens, eos_token_ids, sampling, generator, timer, draft)
     batch.drop_finished(target, draft)
+    greedy_form = GREEDY_FORMS.get(rule) if sampling.greedy else None
     pending: list[tuple] = []
     n_round = 0
     while batch.active:
@@ -210,10 +212,13 @@ def speculative_decode(
         m2 = timer.mark()
         # Position j of the verify step sees the committed tokens plus drafts[:, :j].
         verify_context = None if token_context is None else token_context.expand(drafts.to(logits.device))
-        p = process_logits(logits, sampling, verify_context)
-        result = rule(drafts.to(p.device), q.to(p.device), p, generator)
+        if greedy_form is not None:  # p is one-hot: its argmax decides, q and p [B, gamma + 1, V] are not read
+            result = greedy_form(drafts.to(logits.device), next_tokens(logits, sampling, verify_context))
+        else:
+            p = process_logits(logits, sampling, verify_context)
+            result = rule(drafts.to(p.device), q.to(p.device), p, generator)
         # The one host sync a round needs: accepted counts, extra tokens and drafts in one copy.
-        accepted, extra, drafted = to_host(result.accepted, result.extra_token, drafts.to(p.device))
+        accepted, extra, drafted = to_host(result.accepted, result.extra_token, drafts.to(logits.device))
         target.keep_last_fed(gamma + 1, result.accepted + 1, [a + 1 for a in accepted])
         draft.commit(result.accepted, accepted)  # target, draft and sampling share one device
         rows = list(batch.active)
