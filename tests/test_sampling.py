@@ -15,7 +15,14 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits, sample
+from specbench.decoding.sampling import (
+    SamplingConfig,
+    TokenContext,
+    first_argmax,
+    next_tokens,
+    process_logits,
+    sample,
+)
 
 V = 50
 
@@ -251,3 +258,15 @@ def test_next_tokens_are_the_sampled_tokens_of_the_processed_distribution(sampli
     if sampling.greedy:
         p = process_logits(logits, sampling, context)
         assert torch.equal(sample(p, certain=True), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_first_argmax_is_argmax_on_ties_banned_rows_and_nan(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 3, (64, 5, 40), generator=g).to(dtype)  # three values: ties in nearly every row
+    x[0, 0] = float("-inf")  # a row with every token banned
+    x[1, :, ::3] = float("-inf")
+    x[2, 1, 7] = float("nan")
+    assert torch.equal(first_argmax(x), x.argmax(-1))
+    one_hot = torch.zeros(3, 49152, dtype=dtype).index_fill_(-1, torch.tensor([5, 100]), 1.0)  # tie far apart
+    assert first_argmax(one_hot).tolist() == one_hot.argmax(-1).tolist() == [5, 5, 5]

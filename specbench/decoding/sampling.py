@@ -243,6 +243,15 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return remove.scatter(1, order, remove).reshape(logits.shape)
 
 
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """The index of the largest entry along the last dim, the first one on ties: [..., V] -> [...].
+
+    `x.max(-1).indices` returns what `argmax(-1)` returns (first on ties, NaN where a row has one; tested),
+    but torch's CPU argmax is a slower reduction: over V = 49152, 0.18 vs 0.07 ms for 6 rows and 0.061 vs
+    0.023 ms for one (AMX Xeon, 2 threads); a greedy round takes ~11 of them."""
+    return x.max(-1).indices
+
+
 def process_logits(logits: torch.Tensor, sampling: SamplingConfig, context: TokenContext | None = None) -> torch.Tensor:
     """Logits [..., V] -> the processed distribution [..., V] (float32) that is actually sampled.
 
@@ -252,7 +261,7 @@ def process_logits(logits: torch.Tensor, sampling: SamplingConfig, context: Toke
     """
     logits = _penalized(logits, sampling, context)
     if sampling.greedy:
-        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return torch.zeros_like(logits).scatter_(-1, first_argmax(logits)[..., None], 1.0)
     logits = logits / sampling.temperature
     if 0 < sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
@@ -290,7 +299,7 @@ def next_tokens(
     that need the token only (not the distribution): under greedy, the argmax of the processed logits,
     without building the one-hot and taking its argmax again (~0.3 ms of a CPU step at V = 49152)."""
     if sampling.greedy:
-        return _penalized(logits, sampling, context).argmax(-1)
+        return first_argmax(_penalized(logits, sampling, context))
     return sample(process_logits(logits, sampling, context), generator)
 
 
@@ -306,14 +315,14 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, certai
     """
     flat = probs.reshape(-1, probs.shape[-1])
     if certain:
-        return flat.argmax(-1).reshape(probs.shape[:-1])
+        return first_argmax(flat).reshape(probs.shape[:-1])
     if flat.is_cuda:
         return exponential_race(flat, generator).reshape(probs.shape[:-1])
     # One nonzero entry per row (greedy's one-hot, or a filter that left one token): the draw is certain.
     # multinomial would still draw a random number per vocabulary entry: ~1 ms at V = 49152 here, the
     # largest part of a greedy step's C_o. Checked on the host, which costs no sync on CPU.
     if bool((flat.count_nonzero(-1) == 1).all()):
-        return flat.argmax(-1).reshape(probs.shape[:-1])
+        return first_argmax(flat).reshape(probs.shape[:-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
@@ -324,4 +333,4 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = No
     both give the same token from the same generator state (tested on CPU).
     """
     race = torch.empty_like(probs).exponential_(1, generator=generator)
-    return (probs / race).argmax(-1)
+    return first_argmax(probs / race)
