@@ -129,6 +129,39 @@ def test_greedy_form_decodes_what_the_general_rule_decodes(kind, target, close_d
     assert len({r.accepted for r in runs[0].rounds}) > 1  # rejections and acceptances both happened
 
 
+@pytest.mark.parametrize("kind", ["model", "w8a16", "ngram"])
+@pytest.mark.parametrize(
+    "sampling",
+    [GREEDY, SamplingConfig(repetition_penalty=1.3, banned_token_ids=(3,)), SamplingConfig(0.8, top_k=20)],
+    ids=["greedy", "greedy_penalized", "sampled"],
+)
+def test_propose_without_q_gives_the_same_drafts(kind, sampling, target, close_draft, prompts):
+    """`with_q=False` (the greedy form's call) builds no q, and proposes the drafts `with_q=True` does,
+    from the same draws, round after round of the same commits."""
+    from specbench.decoding.decoder import _Batch  # the decoder's own per-row context, as it builds it
+
+    drafts = [make_draft(kind, target, close_draft) for _ in range(2)]
+    generators = [torch.Generator().manual_seed(7) for _ in range(2)]
+    seqs = [list(p) + [p[-1]] for p in prompts]  # the prompt and a first new token
+    batch = _Batch(seqs, [len(p) for p in prompts], 64, set(), active=list(range(len(seqs))), vocab_size=VOCAB)
+    for d in drafts:
+        d.prefill(seqs)
+    for _ in range(4):
+        context = batch.context(sampling, "cpu")
+        (with_q, q), (without_q, none) = (
+            d.propose(seqs, 3, sampling, g, context, with_q=flag)
+            for d, g, flag in zip(drafts, generators, (True, False))
+        )
+        assert none is None and q.shape == (len(seqs), 3, VOCAB)
+        assert torch.equal(with_q, without_q)
+        accepted = torch.tensor([i % 4 for i in range(len(seqs))])  # every count 0..gamma over the rows
+        for d in drafts:
+            d.commit(accepted, accepted.tolist())
+        for i, row in enumerate(seqs):
+            row.extend(with_q[i, : accepted[i]].tolist() + [5])
+    assert torch.equal(generators[0].get_state(), generators[1].get_state())
+
+
 def test_records_are_raw_and_consistent(target, close_draft, prompts):
     result = speculative_decode(CachedLM(target), ModelDraft(close_draft), prompts, 4, GREEDY, 20, set())
     for r in result.rounds:

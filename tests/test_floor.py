@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_llama
 from synthetic import synthetic_sweep
 
-from specbench.analysis.timing import hardware_limit
+from specbench.analysis.floor import hardware_limit
 from specbench.bench.microbench import FLOOR_COLUMNS, bench_weight_stream, streamed_weight_bytes
 from specbench.models.quant import quantize_w8a16
 from specbench.report import build_report

@@ -86,7 +86,7 @@ class RawLogitsQDraft(ModelDraft):
     """BROKEN (b): drafts are sampled from the processed q, but the returned q is softmax of the
     raw logits, so temperature / top-k / top-p are not folded into the acceptance test."""
 
-    def propose(self, seqs, gamma, sampling, generator, context=None):
+    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
         logits = feed_suffix(self.lm, seqs)[:, -1]
         drafts, qs = [], []
         for i in range(gamma):
@@ -97,7 +97,7 @@ class RawLogitsQDraft(ModelDraft):
                 logits = self.lm.feed(token[:, None])[:, -1]
                 context = None if context is None else context.append(token)
         self._gamma = gamma
-        return torch.stack(drafts, 1), torch.stack(qs, 1)
+        return torch.stack(drafts, 1), torch.stack(qs, 1) if with_q else None
 
 
 class CommittedOnlyContext(TokenContext):

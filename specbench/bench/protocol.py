@@ -219,7 +219,7 @@ def bench_ct(cfg: Config, pair: Pair, keys: dict, prompts: list[EncodedPrompt], 
 
 def bench_floor(pair: Pair, keys: dict) -> pd.DataFrame:
     """Streaming-bandwidth probe rows with the target's and the draft's weight bytes (the hardware
-    floor of a decode step: `specbench.analysis.timing.hardware_limit`), labelled with `CT_KEYS` + draft."""
+    floor of a decode step: `specbench.analysis.floor.hardware_limit`), labelled with `CT_KEYS` + draft."""
     floor = pd.DataFrame(bench_weight_stream(pair.target.dtype, pair.target.device))
     floor["target_weight_bytes"] = streamed_weight_bytes(pair.target)
     floor["draft_weight_bytes"] = streamed_weight_bytes(pair.draft_model)

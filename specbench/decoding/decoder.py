@@ -205,14 +205,15 @@ def speculative_decode(
         context = [len(s) for s in seqs]
         m0, syncs0 = timer.mark(), host_syncs()
         token_context = batch.context(sampling, target.device, context_class)  # None when no processor reads it
-        drafts, q = draft.propose(seqs, gamma, sampling, generator, token_context)  # [B, gamma], [B, gamma, V]
+        # [B, gamma], and q [B, gamma, V] only where the rule reads it (not its greedy form)
+        drafts, q = draft.propose(seqs, gamma, sampling, generator, token_context, with_q=greedy_form is None)
         m1 = timer.mark()
         last = to_device([[s[-1]] for s in seqs], target.device)
         logits = target.feed(torch.cat([last, drafts.to(target.device)], 1))  # [B, gamma + 1, V]
         m2 = timer.mark()
         # Position j of the verify step sees the committed tokens plus drafts[:, :j].
         verify_context = None if token_context is None else token_context.expand(drafts.to(logits.device))
-        if greedy_form is not None:  # p is one-hot: its argmax decides, q and p [B, gamma + 1, V] are not read
+        if greedy_form is not None:  # p is one-hot: its argmax decides, q and p [B, gamma + 1, V] are not built
             result = greedy_form(drafts.to(logits.device), next_tokens(logits, sampling, verify_context))
         else:
             p = process_logits(logits, sampling, verify_context)

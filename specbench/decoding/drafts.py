@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specbench.decoding.kvcache import CachedLM, feed_suffix
-from specbench.decoding.sampling import SamplingConfig, TokenContext, process_logits, sample
+from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits, sample
 from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import to_device
 
@@ -31,11 +31,14 @@ class Draft(Protocol):
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         context: TokenContext | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with_q: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32.
 
         `context` is the processors' context of the committed tokens (None when no processor
         reads it); draft i must process its logits with `context` plus drafts 1..i-1.
+        `with_q=False`: the caller reads the drafts only (the acceptance rule's greedy form), so q
+        is not built and None comes back; the drafts are the same tokens from the same draws.
         """
 
     def commit(self, accepted: torch.Tensor, accepted_host: list[int]) -> None:
@@ -67,19 +70,22 @@ class ModelDraft:
         # (The decoder calls this after the first new token, so every row has >= 2 tokens.)
         self.lm.prefill([ids[:-1] for ids in prompts])
 
-    def propose(self, seqs, gamma, sampling, generator, context=None):
+    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
         logits = feed_suffix(self.lm, seqs)[:, -1]
         drafts, qs = [], []
         for i in range(gamma):
-            q = process_logits(logits, sampling, context)  # [B, V]
-            token = sample(q, generator, certain=sampling.greedy)  # [B]
+            if with_q:
+                q = process_logits(logits, sampling, context)  # [B, V]
+                token = sample(q, generator, certain=sampling.greedy)  # [B]
+                qs.append(q)
+            else:  # the same token, without a [B, V] distribution per step
+                token = next_tokens(logits, sampling, context, generator)  # [B]
             drafts.append(token)
-            qs.append(q)
             if i + 1 < gamma:  # the last draft is fed next round, only if accepted
                 logits = self.lm.feed(token[:, None])[:, -1]
                 context = None if context is None else context.append(token)
         self._gamma = gamma
-        return torch.stack(drafts, 1), torch.stack(qs, 1)
+        return torch.stack(drafts, 1), torch.stack(qs, 1) if with_q else None
 
     def commit(self, accepted: torch.Tensor, accepted_host: list[int] | None = None) -> None:
         fed = self._gamma - 1  # drafts 1..gamma-1 went through the cache
@@ -126,8 +132,10 @@ class NgramDraft:
                     return follow + [follow[-1]] * (gamma - len(follow))
         return [seq[-1]] * gamma  # no match: a cheap guess, still verified losslessly
 
-    def propose(self, seqs, gamma, sampling, generator, context=None):
+    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
         drafts = to_device([self.lookup(s, gamma) for s in seqs], self.device)  # async on CUDA: no sync
+        if not with_q:
+            return drafts, None
         q = torch.zeros(*drafts.shape, self.vocab_size, device=self.device).scatter_(-1, drafts[..., None], 1.0)
         return drafts, q
 

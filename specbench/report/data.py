@@ -8,6 +8,7 @@ import pandas as pd
 
 from specbench.analysis.accept_models import compare_accept_length_models, which_accept_length_model
 from specbench.analysis.acceptance import acceptance_by_position, fit_alpha
+from specbench.analysis.floor import hardware_limit
 from specbench.analysis.rows import (
     ACCEPTANCE_KEYS,
     SETTING_KEYS,
@@ -25,7 +26,7 @@ from specbench.analysis.speedup import (
     throughput_speedup,
 )
 from specbench.analysis.summary import recommendations, summary_table
-from specbench.analysis.timing import hardware_limit, timing_table
+from specbench.analysis.timing import timing_table
 from specbench.analysis.validation import compare_context_model, fit_setting_profiles, leave_one_out, speedup_vs_model
 from specbench.deploy.schedule import Schedule
 from specbench.report import plots

@@ -1,0 +1,46 @@
+"""The hardware limit: each measured cost beside the floor the machine's memory bandwidth sets for it.
+
+A decode step reads every weight once, so weight bytes ÷ the measured streaming bandwidth is the least
+a step can cost; a cost far above it is overhead- or kernel-bound, not memory-bound.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+FLOOR_KEYS = ("hardware", "dtype", "target", "draft")  # what a floor row is specific to (not the batch size)
+
+
+def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataFrame:
+    """How far each measured cost is from the hardware: per timing setting (a `timing_table` row),
+    C_t1 and C_d per drafted token beside their floors, weight bytes ÷ the median streaming
+    bandwidth of the job's probes (`specbench.bench.microbench.bench_weight_stream`), in seconds.
+
+    Two floors: `matvec` (the library's own k = 1 linear: what a step could reach with that kernel;
+    `target_floor`, `ct1_over_floor`, ...) and `read` (a plain sum over the bytes: what the memory
+    delivers at all; `*_read` columns, NaN for rows of older runs that lack the probe). They count
+    weight reads only (KV-cache reads and activations come on top), so a ratio near 1 means the step
+    is memory-bound at that rate; far above 1, overhead- or kernel-bound. Empty without floor rows."""
+    if floor is None or floor.empty or timing.empty:
+        return pd.DataFrame()
+    keys = [k for k in FLOOR_KEYS if k in timing.columns and k in floor.columns]
+    floor = floor if "probe" in floor.columns else floor.assign(probe="matvec")  # runs before the read probe
+    probes = floor.assign(bandwidth=floor["probe_bytes"] / floor["t_stream"])
+    bw = (
+        probes.groupby(keys, dropna=False)
+        .agg(target_weight_bytes=("target_weight_bytes", "max"), draft_weight_bytes=("draft_weight_bytes", "max"))
+        .reset_index()
+    )
+    for probe, column in (("matvec", "bandwidth"), ("read", "read_bandwidth")):
+        rate = probes[probes["probe"] == probe].groupby(keys, dropna=False)["bandwidth"].median().rename(column)
+        bw = bw.merge(rate.reset_index(), on=keys, how="left")
+    out = timing[[*keys, *(k for k in ("batch_size",) if k in timing.columns), "ct1", "cd_per_token"]].merge(
+        bw, on=keys, how="inner"
+    )
+    has_draft = out["draft_weight_bytes"] > 0
+    for suffix, column in (("", "bandwidth"), ("_read", "read_bandwidth")):
+        out[f"target_floor{suffix}"] = out["target_weight_bytes"] / out[column]
+        out[f"draft_floor{suffix}"] = (out["draft_weight_bytes"] / out[column]).where(has_draft)
+        out[f"ct1_over_floor{suffix}"] = out["ct1"] / out[f"target_floor{suffix}"]
+        out[f"cd_over_floor{suffix}"] = out["cd_per_token"] / out[f"draft_floor{suffix}"]
+    return out
