@@ -12,7 +12,7 @@ from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.hf_assisted import hf_assisted_decode
 from specbench.decoding.kvcache import CachedLM
-from specbench.decoding.sampling import SamplingConfig
+from specbench.decoding.sampling import SamplingConfig, TokenContext
 from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import PhaseTimer
 from specbench.models.quant import quantize_w4a16, quantize_w8a16
@@ -138,16 +138,15 @@ def test_greedy_form_decodes_what_the_general_rule_decodes(kind, target, close_d
 def test_propose_without_q_gives_the_same_drafts(kind, sampling, target, close_draft, prompts):
     """`with_q=False` (the greedy form's call) builds no q, and proposes the drafts `with_q=True` does,
     from the same draws, round after round of the same commits."""
-    from specbench.decoding.decoder import _Batch  # the decoder's own per-row context, as it builds it
-
     drafts = [make_draft(kind, target, close_draft) for _ in range(2)]
     generators = [torch.Generator().manual_seed(7) for _ in range(2)]
     seqs = [list(p) + [p[-1]] for p in prompts]  # the prompt and a first new token
-    batch = _Batch(seqs, [len(p) for p in prompts], 64, set(), active=list(range(len(seqs))), vocab_size=VOCAB)
     for d in drafts:
         d.prefill(seqs)
     for _ in range(4):
-        context = batch.context(sampling, "cpu")
+        context = TokenContext.build(
+            sampling, seqs, [len(p) for p in prompts], VOCAB, "cpu"
+        )  # as the decoder builds it
         (with_q, q), (without_q, none) = (
             d.propose(seqs, 3, sampling, g, context, with_q=flag)
             for d, g, flag in zip(drafts, generators, (True, False))
