@@ -149,5 +149,7 @@ def test_a_new_draft_kind_needs_one_registration(toy_draft_kind, tmp_path):
 
 
 def test_unknown_draft_kind_names_the_choices():
-    with pytest.raises(ValueError, match=r"draft.kind='nope': must be one of \['model', 'w8a16', 'w4a16', 'ngram'"):
+    with pytest.raises(
+        ValueError, match=r"draft.kind='nope': must be one of \['model', 'w8a16', 'w4a16', 'w4a16h8', 'ngram'"
+    ):
         DRAFT_KINDS.get("nope", "draft.kind")

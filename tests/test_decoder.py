@@ -27,6 +27,8 @@ def make_draft(kind, target, close_draft):
         return ModelDraft(quantize_w8a16(target), name="w8a16")
     if kind == "w4a16":
         return ModelDraft(quantize_w4a16(target), name="w4a16")
+    if kind == "w4a16h8":
+        return ModelDraft(quantize_w4a16(target, head="int8"), name="w4a16h8")
     if kind == "ngram":
         return NgramDraft(VOCAB)
     if kind == "unrelated":
@@ -34,7 +36,7 @@ def make_draft(kind, target, close_draft):
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["model", "w8a16", "w4a16", "ngram", "unrelated"])
+@pytest.mark.parametrize("kind", ["model", "w8a16", "w4a16", "w4a16h8", "ngram", "unrelated"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_equals_target_generate(kind, batch, target, close_draft, prompts):
     ps = prompts[:batch]

@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from conftest import VOCAB, hf_greedy
+from conftest import VOCAB, hf_greedy, tiny_llama
 from test_decoder import GREEDY, make_draft
 
 from specbench.decoding.attention import GROUPED
@@ -22,6 +22,7 @@ from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.static_kv import StaticLM
+from specbench.models.quant import Int4Linear, quantize_w4a16
 
 
 def on_path(path: str, model, capacity: int = 96):
@@ -114,6 +115,27 @@ def test_compiled_path_greedy_equals_target_generate_with_no_compile_while_decod
     for r in result.rounds:
         per_round.setdefault(r.round, set()).add(r.accepted)
     assert any(len(v) > 1 for v in per_round.values()), "expected rows to accept different counts"
+
+
+def test_compiled_w4a16_copy_fuses_its_linears_and_matches_its_static_forward(prompts):
+    """A W4A16 copy tags itself for inductor's concatenated linears (q/k/v and gate/up as one int4 GEMM each,
+    `static_kv.compiled_forward`); compiled that way its logits are the uncompiled static path's, and the
+    target it was copied from stays untagged (its bf16 GEMMs did not gain)."""
+    target = tiny_llama(0, dtype=torch.float32)
+    draft = quantize_w4a16(target, head="int8")
+    for layer in draft.modules():
+        if isinstance(layer, Int4Linear):
+            layer.kernel_rows = 64  # torch's int4 kernel at every k: the op the concat pass fuses
+    assert draft.config.specbench_concat_linears is True
+    assert not getattr(target.config, "specbench_concat_linears", False)
+    static, fast = StaticLM(draft, 64), ForwardPath("compiled", "default", 64).lm(draft)
+    fast.warm_up(len(prompts), [1, 2])
+    with torch.inference_mode():
+        torch.testing.assert_close(fast.prefill(prompts), static.prefill(prompts))
+        for k in (1, 2, 1):
+            tokens = torch.arange(len(prompts) * k).reshape(len(prompts), k) % VOCAB
+            torch.testing.assert_close(fast.feed(tokens), static.feed(tokens), rtol=1e-4, atol=1e-4)
+    assert fast.new_shapes == 0
 
 
 def test_audit_passes_on_the_static_path():

@@ -48,7 +48,9 @@ def test_bad_job_config(kwargs, message):
 
 
 def test_bad_draft_kind_and_dtype():
-    with pytest.raises(ValueError, match=r"draft.kind='eagle': must be one of \['model', 'w8a16', 'w4a16', 'ngram'\]"):
+    with pytest.raises(
+        ValueError, match=r"draft.kind='eagle': must be one of \['model', 'w8a16', 'w4a16', 'w4a16h8', 'ngram'\]"
+    ):
         DraftConfig(kind="eagle")
     with pytest.raises(ValueError, match=r"pair.dtype='int4'"):
         PairConfig(dtype="int4")
@@ -61,7 +63,7 @@ def test_bad_draft_kind_and_dtype():
     [
         ("avx2", "speculative", "ngram"),  # no weight-only kernel beats bf16 there: a model draft cannot be cheap
         ("avx2", "hf_assisted", "w8a16"),  # transformers' assisted generation needs a draft model
-        ("avx512", "speculative", "w8a16"),
+        ("avx512", "speculative", {"amx": "w4a16h8", "avx512": "w8a16"}),  # by the CPU's class
     ],
 )
 def test_auto_draft_is_the_measured_default_for_the_cpu_class(monkeypatch, capability, decoder, expected):
@@ -72,6 +74,7 @@ def test_auto_draft_is_the_measured_default_for_the_cpu_class(monkeypatch, capab
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
     assert cpu_class() == ("avx2" if capability == "avx2" else "amx" if "amx_bf16" in cpu_isa_flags() else "avx512")
     cfg = Config(decoder=decoder)
+    expected = expected[cpu_class()] if isinstance(expected, dict) else expected
     assert cfg.draft.kind == expected  # resolved before any check, so rows and checks see a real kind
     assert Config(draft=DraftConfig(kind="w4a16"), decoder=decoder).draft.kind == "w4a16"  # named: kept
 
@@ -137,7 +140,7 @@ def test_embedded_tokenizer_matches_itself_and_not_a_foreign_one(embedded_fp32):
 
 @needs_embedded
 @pytest.mark.embedded
-@pytest.mark.parametrize("draft, vocab_top", [("w8a16", 0), ("ngram", 0), ("w4a16", 8192)])
+@pytest.mark.parametrize("draft, vocab_top", [("w8a16", 0), ("ngram", 0), ("w4a16", 8192), ("w4a16h8", 0)])
 def test_embedded_greedy_equals_generate_fp32(draft, vocab_top, embedded_fp32):
     import specbench
 
@@ -187,6 +190,33 @@ def test_int4_linear_matches_its_dequantized_weight_on_both_paths(dtype, rows):
     ref = x.double() @ w4.T + lin.bias.double()
     tol = {torch.bfloat16: 0.05, torch.float32: 1e-4, torch.float64: 1e-9}[dtype]
     assert (q(x).double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+@pytest.mark.parametrize("vocab", [None, tuple(range(0, 64, 2))])
+def test_w4a16_with_an_int8_head_quantizes_the_head_alone_to_int8(vocab):
+    from specbench.bench.microbench import streamed_weight_bytes
+    from specbench.models.quant import Int4Linear, Int8Linear, quantize_w4a16
+
+    model = tiny_llama(0, dtype=torch.float32)
+    q = quantize_w4a16(model, vocab, head="int8")
+    head = q.get_output_embeddings()
+    head = head.linear if vocab else head
+    assert isinstance(head, Int8Linear)
+    body = [m for m in q.modules() if isinstance(m, (Int4Linear, Int8Linear)) and m is not head]
+    assert body and all(isinstance(m, Int4Linear) for m in body)
+    if vocab is None:  # head: 1 byte a weight + an fp32 scale a row; body: 4 bits + fp32 (scale, zero) per 32
+        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        rest = streamed_weight_bytes(model) - 4 * linear
+        n, k = model.lm_head.weight.shape
+        body_weights = linear - n * k
+        assert streamed_weight_bytes(q) == rest + body_weights // 2 + body_weights // 32 * 2 * 4 + n * k + n * 4
+
+
+def test_w4a16_head_format_must_be_a_weight_format():
+    from specbench.models.quant import quantize_w4a16
+
+    with pytest.raises(ValueError, match=r"head='int2': must be one of \['int4', 'int8'\]"):
+        quantize_w4a16(tiny_llama(0, dtype=torch.float32), head="int2")
 
 
 def test_w4a16_streams_a_quarter_of_the_weight_bytes():

@@ -61,8 +61,8 @@ def finished(study) -> list:
     "override, expect",
     [
         ("tune.gamma_max=0", ["tune.gamma_max=0", "integer >= 1"]),
-        ("tune.drafts=[]", ["tune.drafts=[]", "'model', 'w8a16', 'w4a16', 'ngram'"]),
-        ("tune.drafts=[eagle]", ["tune.drafts=['eagle']", "'eagle'", "'model', 'w8a16', 'w4a16', 'ngram'"]),
+        ("tune.drafts=[]", ["tune.drafts=[]", "'model', 'w8a16', 'w4a16', 'w4a16h8', 'ngram'"]),
+        ("tune.drafts=[eagle]", ["tune.drafts=['eagle']", "'eagle'", "'model', 'w8a16', 'w4a16', 'w4a16h8', 'ngram'"]),
         (
             "tune.objective=speedup",
             [
@@ -86,7 +86,9 @@ def test_bad_search_space_fails_before_any_model_loads(override, expect):
 
 
 def test_draft_kind_the_pair_cannot_serve_is_rejected():
-    with pytest.raises(ValueError, match=r"tune.drafts=\['w8a16', 'model'\].*pair.draft.*'w8a16', 'w4a16', 'ngram'"):
+    with pytest.raises(
+        ValueError, match=r"tune.drafts=\['w8a16', 'model'\].*pair.draft.*'w8a16', 'w4a16', 'w4a16h8', 'ngram'"
+    ):
         compose_config(["+tune=gamma", "pair=embedded", "tune.drafts=[w8a16,model]"])
     assert TuneConfig().enabled is False and compose_config([]).tune.enabled is False
 

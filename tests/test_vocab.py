@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -90,7 +91,7 @@ def test_subset_head_scores_the_kept_ids_and_masks_the_rest(target):
     assert torch.softmax(sub, -1)[..., others].sum() == 0
 
 
-@pytest.mark.parametrize("quantize", [quantize_w8a16, quantize_w4a16])
+@pytest.mark.parametrize("quantize", [quantize_w8a16, quantize_w4a16, functools.partial(quantize_w4a16, head="int8")])
 def test_restricting_before_quantizing_equals_quantizing_every_row(quantize, target):
     """Every output row is quantized on its own, so restricting first keeps the kept rows' weights."""
     keep = tuple(range(0, VOCAB, 3))

@@ -105,7 +105,10 @@ class StaticLM:
         self.new_shapes = 0  # forwards outside warm_up that met a shape warm_up had not
         self.skip_guards = True  # met shapes skip dynamo's full guard check (scripts/bench_guards.py)
         self._shapes: set[tuple[int, int]] = set()
-        self._forward = compiled_forward(self._step, compile_mode, model.device) if self.compiled else self._step
+        concat = bool(getattr(model.config, "specbench_concat_linears", False))
+        self._forward = (
+            compiled_forward(self._step, compile_mode, model.device, concat) if self.compiled else self._step
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -277,14 +280,18 @@ class StaticLM:
         return cache_layer.keys[slot, :, :n], cache_layer.values[slot, :, :n]
 
 
-def compiled_forward(step, mode: str, device: torch.device):
+def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool = False):
     """`torch.compile` of a forward with its weights frozen (prepacked once, as constants).
 
     CPU, "max-autotune": inductor's C++ GEMM templates are timed against ATen per shape; at M = 1
     they stream the weights ~3x faster than eager's oneDNN call on the machines here. CUDA:
     inductor's "max-autotune" mode (Triton GEMMs and CUDA graphs). "default": freezing only.
     The settings are inductor's process-wide config (`torch.compile(options=...)` did not apply
-    freezing here), so every later compile in the process gets them too.
+    freezing here), so every later compile in the process gets them too; `concat_linears` alone is
+    per compile (a model tags itself `config.specbench_concat_linears`): on CPU, linears that share
+    an input (q/k/v, gate/up) run as one GEMM. It paid for int4 weights (a W4A16 draft step 6.56 →
+    6.04 ms), cost int8's (7.9 → 9.2 ms) and was even for bf16 (AMX Xeon, 2 threads,
+    scripts/profile_step.py), so only W4A16 copies ask for it.
     """
     import torch._inductor.config as inductor
 
@@ -295,8 +302,11 @@ def compiled_forward(step, mode: str, device: torch.device):
     # column inside the fused attention reduction: 104 us a layer, a third of a 9.2 ms W4A16 draft step
     # (AMX Xeon, 2 threads; scripts/profile_step.py). Realizing producers past 10 ops stores q once: 45 us.
     inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
+    options = {"cpp.enable_concat_linear": True} if concat_linears and device.type == "cpu" else None
     if mode == "max-autotune" and device.type == "cpu":
         inductor.max_autotune = True
         inductor.max_autotune_gemm_backends = "CPP,ATEN"
-        return torch.compile(step, dynamic=False)
+        return torch.compile(step, dynamic=False, options=options)
+    if options is not None and mode == "default":  # torch.compile takes a mode or options, not both
+        return torch.compile(step, dynamic=False, options=options)
     return torch.compile(step, mode=mode, dynamic=False)

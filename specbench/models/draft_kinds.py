@@ -50,11 +50,11 @@ DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
 AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kinds the job can use
 # The embedded pair's drafts per device class, best first, from end-to-end runs of
 # scripts/bench_fast_path.py on that class (2 threads, 8 Spec-Bench prompts, greedy; folders in analysis/).
-# A kind moves up only when a run separates it: on AMX n-gram lookup had the better median (1.11x vs
-# 1.02x the fast baseline) but ran 0.84-2.64x by prompt, and n-gram / W8A16 was 1.07x [0.85, 2.54].
+# A kind moves up only when a run separates it: on AMX w4a16h8 / W8A16 was 1.10x [1.01, 1.26] per prompt
+# at gamma 5; n-gram lookup had about w4a16h8's median but ran 0.35-1.34x of it by prompt.
 # "cuda": never measured here (no GPU); the earlier default.
 DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
-    "amx": ("w8a16", "ngram", "w4a16"),  # fast_path_attention_cpu_amx/
+    "amx": ("w4a16h8", "w8a16", "ngram", "w4a16"),  # fast_path_w4a16h8_concat_cpu_amx/
     "avx512": ("w8a16", "ngram", "w4a16"),  # fast_path_2threads_co_cpu_avx512/, draft_cpu_tuned_linears_avx512/
     "avx2": ("ngram", "w8a16"),  # weight_only_kernels/, cpu_linear_avx2_only/: no int kernel beats bf16
     "other": ("ngram", "w8a16"),  # no vector kernels to speak of: no model draft can be cheap
@@ -98,6 +98,12 @@ def _load_w4a16(target, pair_cfg, draft_cfg, load_model, vocab):
     return quantize_w4a16_cached(target, vocab), None
 
 
+def _load_w4a16h8(target, pair_cfg, draft_cfg, load_model, vocab):
+    from specbench.models.quant import quantize_w4a16_cached
+
+    return quantize_w4a16_cached(target, vocab, "int8"), None
+
+
 def _ngram(pair: Pair) -> Draft:
     from specbench.decoding.drafts import NgramDraft
 
@@ -128,6 +134,15 @@ DRAFT_KINDS.register(
     DraftKind(
         load=_load_w4a16,
         label=lambda target, p, d: f"w4a16({target})",
+        build=_model_draft,
+        weights="int4",
+    ),
+)
+DRAFT_KINDS.register(
+    "w4a16h8",  # int4 body, int8 head: the head is where int4 loses agreement (`specbench.models.quant`)
+    DraftKind(
+        load=_load_w4a16h8,
+        label=lambda target, p, d: f"w4a16h8({target})",
         build=_model_draft,
         weights="int4",
     ),
