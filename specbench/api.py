@@ -56,8 +56,8 @@ def decode(
     or the autoregressive baseline when `speculative=False`.
 
     `draft` is 'auto' (the measured default for this machine: `DEFAULT_DRAFTS`), 'w8a16' (int8 copy of the
-    target), 'w4a16' (int4), 'w4a16h8' (int4, head in int8), 'ngram' (prompt lookup) or 'model' (then `draft_model` names it like `target`:
-    'embedded', a .gguf, a dir or a hub id).
+    target), 'w4a16' (int4), 'w4a16h8' (int4, head in int8), 'ngram' (prompt lookup) or 'model' (then
+    `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
     `draft_vocab_top` > 0 restricts a model draft's head to that many ids (`draft.vocab_top`).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
