@@ -76,14 +76,13 @@ def main() -> None:
 
     rows = []
 
-    def record(variant: str, model: nn.Module) -> float:
+    def record(variant: str, model: nn.Module) -> None:
         agree, total = agreement(model)
         ci = binomtest(agree, total).proportion_ci()
         rows.append(
             {"variant": variant, "agree": agree, "tokens": total, "share": agree / total, "lo": ci.low, "hi": ci.high}
         )
         print(f"{variant:>32}: {agree / total:.3f} [{ci.low:.3f}, {ci.high:.3f}] of {total}", flush=True)
-        return agree / total
 
     print(f"{hardware_label('cpu')}; {len(seqs)} prompts x {args.max_new_tokens} greedy tokens of the bf16 target")
     record("w8a16", quantize_w8a16(target))

@@ -302,11 +302,10 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     # column inside the fused attention reduction: 104 us a layer, a third of a 9.2 ms W4A16 draft step
     # (AMX Xeon, 2 threads; scripts/profile_step.py). Realizing producers past 10 ops stores q once: 45 us.
     inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
-    options = {"cpp.enable_concat_linear": True} if concat_linears and device.type == "cpu" else None
-    if mode == "max-autotune" and device.type == "cpu":
+    if device.type != "cpu":
+        return torch.compile(step, mode=mode, dynamic=False)
+    if mode == "max-autotune":
         inductor.max_autotune = True
         inductor.max_autotune_gemm_backends = "CPP,ATEN"
-        return torch.compile(step, dynamic=False, options=options)
-    if options is not None and mode == "default":  # torch.compile takes a mode or options, not both
-        return torch.compile(step, dynamic=False, options=options)
-    return torch.compile(step, mode=mode, dynamic=False)
+    # No `mode` on CPU ("default" is no mode; max-autotune is the config above): torch.compile takes one or options.
+    return torch.compile(step, dynamic=False, options={"cpp.enable_concat_linear": True} if concat_linears else None)

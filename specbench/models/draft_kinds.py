@@ -9,6 +9,7 @@ Import-light: the heavy modules load inside the functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -92,16 +93,10 @@ def _load_w8a16(target, pair_cfg, draft_cfg, load_model, vocab):
     return quantize_w8a16_cached(target, vocab), None
 
 
-def _load_w4a16(target, pair_cfg, draft_cfg, load_model, vocab):
+def _load_w4a16(target, pair_cfg, draft_cfg, load_model, vocab, head: str = "int4"):
     from specbench.models.quant import quantize_w4a16_cached
 
-    return quantize_w4a16_cached(target, vocab), None
-
-
-def _load_w4a16h8(target, pair_cfg, draft_cfg, load_model, vocab):
-    from specbench.models.quant import quantize_w4a16_cached
-
-    return quantize_w4a16_cached(target, vocab, "int8"), None
+    return quantize_w4a16_cached(target, vocab, head), None
 
 
 def _ngram(pair: Pair) -> Draft:
@@ -141,7 +136,7 @@ DRAFT_KINDS.register(
 DRAFT_KINDS.register(
     "w4a16h8",  # int4 body, int8 head: the head is where int4 loses agreement (`specbench.models.quant`)
     DraftKind(
-        load=_load_w4a16h8,
+        load=functools.partial(_load_w4a16, head="int8"),
         label=lambda target, p, d: f"w4a16h8({target})",
         build=_model_draft,
         weights="int4",
