@@ -1,6 +1,7 @@
 """Where one compiled fast-path forward spends its time, kernel by kernel (torch.profiler).
 
     python scripts/profile_step.py [--model draft|target] [--draft w4a16] [--k 1] [--threads 2] [--steps 64]
+                                   [--concat-linears as-tagged|on|off]
 
 Compiles the embedded target's (or a draft's) forward at k tokens with inductor's per-kernel
 records on (`cpp.enable_kernel_profile`), prefills a prompt, then profiles `--steps` forwards of
@@ -34,6 +35,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=300)
     ap.add_argument("--rows", type=int, default=25, help="kernels listed")
+    ap.add_argument(
+        "--concat-linears",
+        choices=("as-tagged", "on", "off"),
+        default="as-tagged",
+        help="inductor's concatenated linears (q/k/v, gate/up): as the model tags itself (W4A16 copies on), or forced",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     inductor.cpp.enable_kernel_profile = True
@@ -42,6 +49,8 @@ def main() -> None:
     model = pair.draft_model if args.model == "draft" else pair.target
     if model is None:
         raise SystemExit(f"--draft {args.draft!r} has no model to profile; use --model target or a model draft")
+    if args.concat_linears != "as-tagged":  # before the compile, which reads the tag (`static_kv.compiled_forward`)
+        model.config.specbench_concat_linears = args.concat_linears == "on"
     fast = ForwardPath("compiled", "max-autotune", args.prompt_tokens + args.k * (args.steps + 21) + 1)
     print(f"compile seconds: {fast.warm_up(model, 1, [args.k]):.1f}", flush=True)
     lm = fast.lm(model)

@@ -291,7 +291,7 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     per compile (a model tags itself `config.specbench_concat_linears`): on CPU, linears that share
     an input (q/k/v, gate/up) run as one GEMM. It paid for int4 weights (a W4A16 draft step 6.56 →
     6.04 ms), cost int8's (7.9 → 9.2 ms) and was even for bf16 (AMX Xeon, 2 threads,
-    scripts/profile_step.py), so only W4A16 copies ask for it.
+    scripts/profile_step.py --concat-linears off / on), so only W4A16 copies ask for it.
     """
     import torch._inductor.config as inductor
 
