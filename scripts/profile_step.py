@@ -1,7 +1,7 @@
 """Where one compiled fast-path forward spends its time, kernel by kernel (torch.profiler).
 
     python scripts/profile_step.py [--model draft|target] [--draft w4a16] [--k 1] [--threads 2] [--steps 64]
-                                   [--concat-linears as-tagged|on|off]
+                                   [--prompt-tokens 300] [--capacity N] [--concat-linears as-tagged|on|off]
 
 Compiles the embedded target's (or a draft's) forward at k tokens with inductor's per-kernel
 records on (`cpp.enable_kernel_profile`), prefills a prompt, then profiles `--steps` forwards of
@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=300)
+    ap.add_argument(
+        "--capacity", type=int, default=None, help="KV columns per row (default: just what the prompt and steps need)"
+    )
     ap.add_argument("--rows", type=int, default=25, help="kernels listed")
     ap.add_argument(
         "--concat-linears",
@@ -51,7 +54,10 @@ def main() -> None:
         raise SystemExit(f"--draft {args.draft!r} has no model to profile; use --model target or a model draft")
     if args.concat_linears != "as-tagged":  # before the compile, which reads the tag (`static_kv.compiled_forward`)
         model.config.specbench_concat_linears = args.concat_linears == "on"
-    fast = ForwardPath("compiled", "max-autotune", args.prompt_tokens + args.k * (args.steps + 21) + 1)
+    need = args.prompt_tokens + args.k * (args.steps + 21) + 1
+    if args.capacity is not None and args.capacity < need:
+        raise SystemExit(f"--capacity {args.capacity}: the prompt and steps need {need} columns")
+    fast = ForwardPath("compiled", "max-autotune", args.capacity or need)
     print(f"compile seconds: {fast.warm_up(model, 1, [args.k]):.1f}", flush=True)
     lm = fast.lm(model)
     x = torch.zeros(1, args.k, dtype=torch.long)

@@ -21,7 +21,7 @@ from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig
-from specbench.decoding.static_kv import StaticLM
+from specbench.decoding.static_kv import VISIBLE_STEP, StaticLM
 from specbench.models.quant import Int4Linear, quantize_w4a16
 
 
@@ -115,6 +115,30 @@ def test_compiled_path_greedy_equals_target_generate_with_no_compile_while_decod
     for r in result.rounds:
         per_round.setdefault(r.round, set()).add(r.accepted)
     assert any(len(v) > 1 for v in per_round.values()), "expected rows to accept different counts"
+
+
+@pytest.mark.parametrize("path", ["static", "compiled"])
+def test_forwards_attend_to_the_rows_columns_not_the_capacity(path, target):
+    """A forward attends to the columns its rows hold, rounded up to VISIBLE_STEP, not to the whole capacity;
+    compiled, that count is a symbol of one graph per (B, k), so rows that grow past a step meet no new
+    graph. Logits equal the reference's (`CachedLM`) all the way, ragged rows included."""
+    fast = ForwardPath(path, "default", 4 * VISIBLE_STEP).lm(target)
+    fast.warm_up(2, [1, 3])
+    ref = CachedLM(target)
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (40, VISIBLE_STEP + 30)]
+    seen = set()
+    with torch.inference_mode():
+        torch.testing.assert_close(fast.prefill(rows), ref.prefill(rows))
+        for step in range(30):  # the longer row crosses 2·VISIBLE_STEP, then 3·VISIBLE_STEP needs k = 3
+            k = 3 if step % 4 == 3 else 1
+            tokens = torch.randint(0, VOCAB, (2, k), generator=g)
+            # The grouped form's softmax is fp32 (as eager attention's), the reference's SDPA fp64 throughout.
+            torch.testing.assert_close(fast.feed(tokens), ref.feed(tokens), rtol=1e-4, atol=1e-5)
+            seen.add(fast.cache.visible)
+    longest = VISIBLE_STEP + 30 + sum(3 if s % 4 == 3 else 1 for s in range(30))
+    assert seen == {2 * VISIBLE_STEP, 3 * VISIBLE_STEP} and longest > 2 * VISIBLE_STEP, (seen, longest)
+    assert fast.new_shapes == 0  # compiled: a recompile for a new column count would be counted here
 
 
 def test_compiled_w4a16_copy_fuses_its_linears_and_matches_its_static_forward(prompts):

@@ -39,18 +39,56 @@ def grouped_attention(
     b, h, k, d = query.shape
     g, c = key.shape[1], key.shape[2]
     r = h // g  # query heads per key/value head: transformers orders them head = kv_head · r + i
-    if k == 1:  # eager's form (repeat_kv, per-head matmuls): under inductor, a broadcast reduction
-        key = key[:, :, None].expand(b, g, r, c, d).reshape(b, h, c, d)  # [B, H, C, d]
-        value = value[:, :, None].expand(b, g, r, c, d).reshape(b, h, c, d)
-        g, r = h, 1
-    q = query.reshape(b, g, r * k, d)  # [B, G, r·k, d]
-    scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [B, G, r·k, C]
+    if k == 1:
+        return _one_query(module, query.view(b, g, r, d), key, value, attention_mask, scaling, dropout)
+    # On CPU the fast path attends to its rows' first C columns of a longer buffer and C is a symbol of the
+    # compiled graph (`static_kv`): there bmm is ATen's, whose bf16 form costs ~20 us a call at these sizes
+    # against 4-10 us in fp32 (AMX Xeon, 2 threads), so fp32, the dtype a matmul accumulates in; and the
+    # fold is a copy always (a reshape would ask whether it is a view, a guard that pins the graph to one C).
+    cpu = query.device.type == "cpu"
+    acc = torch.promote_types(query.dtype, torch.float32) if cpu else query.dtype
+    q = query.reshape(b * g, r * k, d).to(acc)  # [B·G, r·k, d]
+    key, value = (_fold(x, acc, copy=cpu) for x in (key, value))  # [B·G, C, d]
+    scores = torch.bmm(q, key.transpose(1, 2)) * scaling  # [B·G, r·k, C]
     if attention_mask is not None:
-        scores = (scores.view(b, g, r, k, c) + attention_mask[:, :, None, :, :]).view(b, g, r * k, c)
+        scores = (scores.view(b, g, r, k, c) + attention_mask[:, :, None, :, :]).view(b * g, r * k, c)
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    out = torch.matmul(weights, value)  # [B, G, r·k, d]
-    return out.view(b, h, k, d).transpose(1, 2).contiguous(), weights
+    out = torch.bmm(weights.to(acc), value).to(query.dtype)  # [B·G, r·k, d]
+    return out.view(b, h, k, d).transpose(1, 2).contiguous(), weights.view(b, g, r * k, c)
+
+
+def _fold(x: torch.Tensor, dtype: torch.dtype, copy: bool) -> torch.Tensor:
+    """[B, G, C, d] -> [B·G, C, d] in `dtype`; `copy`: a contiguous copy, whatever the strides."""
+    b, g, c, d = x.shape
+    if copy:
+        x = x.clone(memory_format=torch.contiguous_format)
+    return x.reshape(b * g, c, d).to(dtype)
+
+
+def _one_query(
+    module: nn.Module,
+    q: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, G, r, d] (one query a row), key/value [B, G, C, d]: eager's products, written as broadcasts and
+    sums (what inductor makes of eager's matmuls: two small reductions), so no GQA-expanded copy is reshaped
+    and C may be a symbol of the compiled graph; sums in fp32 or wider, as a matmul accumulates. (output [B, 1, H, d],
+    weights [B, H, 1, C])."""
+    b, g, r, d = q.shape
+    c = key.shape[2]
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scores = (q[:, :, :, None].to(acc) * key[:, :, None].to(acc)).sum(-1) * scaling  # [B, G, r, C]
+    if attention_mask is not None:  # [B, 1, 1, C]
+        scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    out = (weights[..., None].to(acc) * value[:, :, None].to(acc)).sum(-2).to(q.dtype)  # [B, G, r, d]
+    return out.view(b, 1, g * r, d), weights.view(b, g * r, 1, c)
 
 
 AttentionInterface.register(GROUPED, grouped_attention)

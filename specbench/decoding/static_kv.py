@@ -3,9 +3,11 @@
 Every row keeps its committed tokens in columns 0..n-1 of a [B, kv_heads, capacity, d] buffer
 per layer, so a token's position is its column and a rollback is a length change (gpt-fast's
 cache, with per-row lengths since rows accept different counts): no holes, no crop, no
-compaction, and every forward over k tokens has the same shapes ([B, k] in, [B, 1, k, capacity]
-mask), which is what lets `torch.compile` (inductor on CPU, CUDA graphs on GPU) run the draft
-step and the verify forward without per-op Python dispatch.
+compaction, and every forward over k tokens has the same shapes ([B, k] in, a [B, 1, k, n] mask
+over the first n columns), which is what lets `torch.compile` (inductor on CPU, CUDA graphs on GPU)
+run the draft step and the verify forward without per-op Python dispatch. On CPU n is what the
+rows hold, rounded up to VISIBLE_STEP, and a symbol of the compiled graph (so attention does not
+cost the whole capacity and a growing row meets no new graph); on GPU it is the capacity.
 
 `StaticLM` has `CachedLM`'s interface, so drafts and the decoder do not know which one they
 hold; `CachedLM` stays the reference. Invariant (tested, as for `CachedLM`): columns 0..n-1 of a
@@ -31,6 +33,7 @@ from specbench.decoding.kvcache import attention_windows
 from specbench.decoding.timing import to_device, to_host
 
 ADDITIVE_MASKS = ("eager", GROUPED)  # attention implementations that add their mask to the scores
+VISIBLE_STEP = 64  # a forward attends to its rows' columns rounded up to this (not to the whole capacity)
 
 
 class RowLayer(CacheLayerMixin):
@@ -53,10 +56,11 @@ class RowLayer(CacheLayerMixin):
         rows = torch.arange(at.shape[0], device=at.device)[:, None]  # [B, 1]
         self.keys[rows, :, at] = key_states.transpose(1, 2)  # indexed [B, k, kv_heads, d]
         self.values[rows, :, at] = value_states.transpose(1, 2)
-        return self.keys, self.values
+        n = self.owner.visible  # attention reads the first n columns: every row's tokens, not the whole capacity
+        return self.keys[:, :, :n], self.values[:, :, :n]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[2], 0
+        return self.owner.visible, 0
 
     def get_seq_length(self) -> int:
         return self.keys.shape[2]
@@ -71,6 +75,7 @@ class RowCache(Cache):
     def __init__(self, n_layers: int) -> None:
         super().__init__(layers=[RowLayer(self) for _ in range(n_layers)])
         self.write_at = torch.zeros(0, 0, dtype=torch.long)
+        self.visible = 0  # columns the attention reads (a multiple of VISIBLE_STEP, at most the capacity)
 
 
 class StaticLM:
@@ -98,6 +103,8 @@ class StaticLM:
         self.device = model.device
         self.windows = attention_windows(model.config)
         self.capacity = capacity
+        with torch.inference_mode():  # a decode's tensors are inference tensors: so are its column ranges
+            self._columns = torch.arange(capacity, device=self.device)
         self.cache = RowCache(model.config.get_text_config(decoder=True).num_hidden_layers)
         self.slots: list[int] = []  # the active rows' slots in the buffers (finished rows keep theirs)
         self.lengths: list[int] = []  # committed tokens cached per slot (= its next write column)
@@ -119,11 +126,15 @@ class StaticLM:
         """Committed tokens cached per active row (`CachedLM`'s name for it)."""
         return [self.lengths[s] for s in self.slots]
 
-    def _step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One forward of tokens [S, k] at positions [S, k] (= their columns), S = every slot; logits [S, k, V]."""
+    def _step(self, tokens: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """One forward of tokens [S, k] at positions [S, k] (= their columns), S = every slot, attending to
+        `columns` [n] = 0..n-1 (n > every position); logits [S, k, V]."""
         self.cache.write_at = positions
-        columns = torch.arange(self.capacity, device=positions.device)
-        allowed = columns[None, None, None, :] <= positions[:, None, :, None]  # [S, 1, k, capacity]
+        n = columns.shape[0]
+        torch._check(n >= 2)
+        torch._check(n <= self.capacity)
+        self.cache.visible = n
+        allowed = columns[None, None, None, :] <= positions[:, None, :, None]  # [S, 1, k, n]
         masks = {
             layer_type: allowed if window is None else allowed & (columns > positions[:, None, :, None] - window)
             for layer_type, window in self.windows.items()
@@ -190,6 +201,10 @@ class StaticLM:
         # A finished slot writes at columns 0..k-1: it is never read again.
         starts = [self.lengths[s] if s in active else 0 for s in range(len(self.lengths))]
         positions = to_device([[n + i for i in range(k)] for n in starts], self.device)  # [S, k]
+        columns = self._columns[: self._visible(max(starts) + k)]  # [n]
+        if self.compiled and self.device.type == "cpu":
+            # One graph per (S, k) for every n: n is a symbol of it (unbacked: nothing may guard on its value).
+            torch._dynamo.decorators.mark_unbacked(columns, 0)
         if len(self.slots) < len(self.lengths):
             index = to_device(self.slots, self.device)
             tokens = torch.zeros(len(self.lengths), k, dtype=tokens.dtype, device=self.device).index_copy_(
@@ -199,30 +214,39 @@ class StaticLM:
             # Dynamo guards on the dispatch keys: a normal tensor (warm-up's, a caller's) and an inference
             # tensor (a decode's) would get a graph each, the second compiled inside a timed decode.
             tokens = tokens.clone()
-        logits = self._run(tokens, positions)
+        logits = self._run(tokens, positions, columns)
         for s in self.slots:
             self.lengths[s] += k
         return logits if len(self.slots) == len(self.lengths) else logits[to_device(self.slots, self.device)]
 
-    def _run(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _visible(self, need: int) -> int:
+        """Columns a forward attends to, given the most any row holds after it. CPU: those rounded up to
+        VISIBLE_STEP, so attention costs what the rows hold (a W4A16 draft step 7.07 → 6.30 ms at capacity 384
+        with rows of 100-190 tokens; scripts/profile_step.py). GPU: the whole capacity, one static shape per
+        (S, k), as CUDA graphs need."""
+        if self.device.type != "cpu":
+            return self.capacity
+        return min(self.capacity, -(-need // VISIBLE_STEP) * VISIBLE_STEP)
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """The forward at tokens' shape; a forward that compiles outside warm-up is counted in `new_shapes`."""
         shape = (len(self.lengths), tokens.shape[1])
         if shape in self._shapes:
             if not (self.compiled and self.skip_guards):
-                return self._forward(tokens, positions)
+                return self._forward(tokens, positions, columns)
             # Dynamo checks ~400 guards (every weight and cache tensor) before each call: ~1 ms a forward
             # here. A met shape has its own graph, told apart by the input shapes, so only those guards
             # run. Should that graph not fit after all, dynamo refuses to recompile under this stance;
             # then the full check runs below and the compile inside a decode is counted, never silent.
             try:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return self._forward(tokens, positions)
+                    return self._forward(tokens, positions, columns)
             except RuntimeError as exc:
                 if "skip_guard_eval_unsafe" not in str(exc):
                     raise
         self._shapes.add(shape)
         self.new_shapes += 1
-        return self._forward(tokens, positions)
+        return self._forward(tokens, positions, columns)
 
     def warm_up(self, batch_size: int, ks: Sequence[int]) -> float:
         """Compile (and run once) the forward of every k at this batch size; returns the seconds it took
