@@ -19,6 +19,18 @@ from transformers import AttentionInterface
 GROUPED = "specbench_grouped"
 
 
+def symbolic_columns(device: torch.device) -> bool:
+    """Whether the fast path on this device attends to the columns its rows hold, a count that is a symbol
+    of the compiled graph (CPU), rather than to the whole capacity, a constant (GPU: CUDA graphs need
+    static shapes). `static_kv` sizes the columns by it; the attention below picks its form by it."""
+    return device.type == "cpu"
+
+
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a matmul of `dtype` accumulates in: fp32, or the dtype itself when wider."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def grouped_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -41,14 +53,14 @@ def grouped_attention(
     r = h // g  # query heads per key/value head: transformers orders them head = kv_head · r + i
     if k == 1:
         return _one_query(module, query.view(b, g, r, d), key, value, attention_mask, scaling, dropout)
-    # On CPU the fast path attends to its rows' first C columns of a longer buffer and C is a symbol of the
-    # compiled graph (`static_kv`): there bmm is ATen's, whose bf16 form costs ~20 us a call at these sizes
-    # against 4-10 us in fp32 (AMX Xeon, 2 threads), so fp32, the dtype a matmul accumulates in; and the
-    # fold is a copy always (a reshape would ask whether it is a view, a guard that pins the graph to one C).
-    cpu = query.device.type == "cpu"
-    acc = torch.promote_types(query.dtype, torch.float32) if cpu else query.dtype
+    # With C a symbol of the compiled graph (`symbolic_columns`), bmm is ATen's, whose bf16 form costs ~20 us
+    # a call at these sizes against 4-10 us in fp32 (AMX Xeon, 2 threads): so fp32, the dtype a matmul
+    # accumulates in; and the fold is a copy always (a reshape would ask whether it is a view, a guard that
+    # pins the graph to one C).
+    symbolic = symbolic_columns(query.device)
+    acc = _accumulation(query.dtype) if symbolic else query.dtype
     q = query.reshape(b * g, r * k, d).to(acc)  # [B·G, r·k, d]
-    key, value = (_fold(x, acc, copy=cpu) for x in (key, value))  # [B·G, C, d]
+    key, value = (_fold(x, acc, copy=symbolic) for x in (key, value))  # [B·G, C, d]
     scores = torch.bmm(q, key.transpose(1, 2)) * scaling  # [B·G, r·k, C]
     if attention_mask is not None:
         scores = (scores.view(b, g, r, k, c) + attention_mask[:, :, None, :, :]).view(b * g, r * k, c)
@@ -62,7 +74,7 @@ def _fold(x: torch.Tensor, dtype: torch.dtype, copy: bool) -> torch.Tensor:
     """[B, G, C, d] -> [B·G, C, d] in `dtype`; `copy`: a contiguous copy, whatever the strides."""
     b, g, c, d = x.shape
     if copy:
-        x = x.clone(memory_format=torch.contiguous_format)
+        x = x.to(dtype, memory_format=torch.contiguous_format, copy=True)
     return x.reshape(b * g, c, d).to(dtype)
 
 
@@ -81,7 +93,7 @@ def _one_query(
     weights [B, H, 1, C])."""
     b, g, r, d = q.shape
     c = key.shape[2]
-    acc = torch.promote_types(q.dtype, torch.float32)
+    acc = _accumulation(q.dtype)
     scores = (q[:, :, :, None].to(acc) * key[:, :, None].to(acc)).sum(-1) * scaling  # [B, G, r, C]
     if attention_mask is not None:  # [B, 1, 1, C]
         scores = scores + attention_mask

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from specbench.decoding.attention import GROUPED
+from specbench.decoding.attention import GROUPED, symbolic_columns
 from specbench.decoding.kvcache import attention_windows
 from specbench.decoding.timing import to_device, to_host
 
@@ -103,8 +103,10 @@ class StaticLM:
         self.device = model.device
         self.windows = attention_windows(model.config)
         self.capacity = capacity
+        self.symbolic_columns = symbolic_columns(self.device)
         with torch.inference_mode():  # a decode's tensors are inference tensors: so are its column ranges
             self._columns = torch.arange(capacity, device=self.device)
+        self._column_views: dict[int, torch.Tensor] = {}  # n -> columns 0..n-1, marked for dynamo once
         self.cache = RowCache(model.config.get_text_config(decoder=True).num_hidden_layers)
         self.slots: list[int] = []  # the active rows' slots in the buffers (finished rows keep theirs)
         self.lengths: list[int] = []  # committed tokens cached per slot (= its next write column)
@@ -201,10 +203,7 @@ class StaticLM:
         # A finished slot writes at columns 0..k-1: it is never read again.
         starts = [self.lengths[s] if s in active else 0 for s in range(len(self.lengths))]
         positions = to_device([[n + i for i in range(k)] for n in starts], self.device)  # [S, k]
-        columns = self._columns[: self._visible(max(starts) + k)]  # [n]
-        if self.compiled and self.device.type == "cpu":
-            # One graph per (S, k) for every n: n is a symbol of it (unbacked: nothing may guard on its value).
-            torch._dynamo.decorators.mark_unbacked(columns, 0)
+        columns = self._columns_to(max(starts) + k)  # [n]
         if len(self.slots) < len(self.lengths):
             index = to_device(self.slots, self.device)
             tokens = torch.zeros(len(self.lengths), k, dtype=tokens.dtype, device=self.device).index_copy_(
@@ -219,14 +218,19 @@ class StaticLM:
             self.lengths[s] += k
         return logits if len(self.slots) == len(self.lengths) else logits[to_device(self.slots, self.device)]
 
-    def _visible(self, need: int) -> int:
-        """Columns a forward attends to, given the most any row holds after it. CPU: those rounded up to
-        VISIBLE_STEP, so attention costs what the rows hold (a W4A16 draft step 7.07 → 6.30 ms at capacity 384
-        with rows of 100-190 tokens; scripts/profile_step.py). GPU: the whole capacity, one static shape per
-        (S, k), as CUDA graphs need."""
-        if self.device.type != "cpu":
-            return self.capacity
-        return min(self.capacity, -(-need // VISIBLE_STEP) * VISIBLE_STEP)
+    def _columns_to(self, need: int) -> torch.Tensor:
+        """Columns 0..n-1 a forward attends to, given the most any row holds after it. `symbolic_columns`
+        (CPU): n is that rounded up to VISIBLE_STEP, so attention costs what the rows hold (a W4A16 draft step
+        7.07 → 6.30 ms at capacity 384 with rows of 100-190 tokens; scripts/profile_step.py), and compiled, a
+        symbol of the graph (unbacked: nothing may guard on its value), so one graph per (S, k) serves every n.
+        Otherwise (GPU) the whole capacity: one static shape per (S, k), as CUDA graphs need."""
+        n = min(self.capacity, -(-need // VISIBLE_STEP) * VISIBLE_STEP) if self.symbolic_columns else self.capacity
+        if n not in self._column_views:
+            view = self._columns[:n]
+            if self.compiled and self.symbolic_columns:
+                torch._dynamo.decorators.mark_unbacked(view, 0)
+            self._column_views[n] = view
+        return self._column_views[n]
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """The forward at tokens' shape; a forward that compiles outside warm-up is counted in `new_shapes`."""
