@@ -3,7 +3,8 @@
     python scripts/bench_fast_path.py [--gammas 3 5] [--drafts w8a16 w4a16+top16384] [--prompts 8] [--out DIR]
 
 A draft is a `draft.kind`, optionally `+top<N>`: its head restricted to the N most frequent ids
-(`draft.vocab_top`; counted over --vocab-corpus, else id order). `ngram` runs as it is (no model to
+(`draft.vocab_top`; counted over --vocab-corpus, else id order), and optionally `+ownkv`: a weight-only
+copy that prefills the prompt itself rather than start from the target's KV (`draft.target_prompt_kv`). `ngram` runs as it is (no model to
 compile, no floor). transformers' assisted generation drives the first draft listed (one with a model).
 
 One process, embedded pair (bf16 unless --dtype), B = 1, greedy, --max-new-tokens 128. Every prompt
@@ -76,12 +77,18 @@ def from_result(result) -> dict:
     return row
 
 
+OWN_KV = "+ownkv"  # a --drafts suffix: draft.target_prompt_kv=false (a weight-only copy prefills the prompt itself)
+
+
 def draft_config(spec: str, corpus: str | None) -> DraftConfig:
-    """`kind` or `kind+top<N>` (the row label's spelling) as a DraftConfig."""
-    kind, _, top = spec.partition("+top")
+    """`kind` or `kind+top<N>` (the row label's spelling), either optionally with `+ownkv`, as a DraftConfig."""
+    own_kv = spec.endswith(OWN_KV)
+    kind, _, top = spec.removesuffix(OWN_KV).partition("+top")
     if top and not top.isdigit():
-        raise SystemExit(f"--drafts {spec!r}: expected <kind> or <kind>+top<N>, N an integer")
-    return DraftConfig(kind=kind, vocab_top=int(top or 0), vocab_corpus=corpus if top else None)
+        raise SystemExit(f"--drafts {spec!r}: expected <kind>[+top<N>][{OWN_KV}], N an integer")
+    return DraftConfig(
+        kind=kind, vocab_top=int(top or 0), vocab_corpus=corpus if top else None, target_prompt_kv=not own_kv
+    )
 
 
 def main() -> None:

@@ -10,6 +10,10 @@ tokens of one prompt are not independent, so read it as indicative). Variants: t
 (`w8a16`, `w4a16`, `w4a16h8`: int4 body, int8 head) and layer-skipping self-drafts of the bf16 target,
 layers removed greedily one at a time (each step drops the layer whose removal keeps agreement
 highest; --skip steps). Writes agreement.csv into --out and prints it.
+
+by_confidence.csv: the same agreement per band of the variant's own confidence (its top probability at the
+position). A draft that stops drafting below a confidence (llama.cpp's --spec-draft-p-min, transformers'
+`assistant_confidence_threshold`) gives up the tokens of the low bands: it pays only where those agree rarely.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import copy
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from scipy.stats import binomtest
@@ -43,6 +48,32 @@ def without_layers(model: nn.Module, drop: set[int]) -> nn.Module:
     return copied
 
 
+CONFIDENCE_BANDS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0)  # edges of the draft-confidence bands in by_confidence.csv
+
+
+def by_confidence(variant: str, agree: np.ndarray, confidence: np.ndarray) -> list[dict]:
+    """Agreement per band (lo, hi] of the draft's top probability, with the exact binomial CI of each band."""
+    band = np.searchsorted(CONFIDENCE_BANDS[1:-1], confidence)  # 0 .. len(CONFIDENCE_BANDS) - 2
+    rows = []
+    for i, (lo, hi) in enumerate(zip(CONFIDENCE_BANDS, CONFIDENCE_BANDS[1:])):
+        hits = agree[band == i]
+        if hits.size == 0:
+            continue
+        ci = binomtest(int(hits.sum()), hits.size).proportion_ci()
+        rows.append(
+            {
+                "variant": variant,
+                "confidence": f"({lo}, {hi}]",
+                "tokens": hits.size,
+                "token_share": hits.size / agree.size,
+                "agree": float(hits.mean()),
+                "lo": ci.low,
+                "hi": ci.high,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=16)
@@ -65,23 +96,26 @@ def main() -> None:
             )
             seqs.append((out, ids.shape[1], target(out).logits[0].argmax(-1)))
 
-    def agreement(model: nn.Module) -> tuple[int, int]:
-        agree = total = 0
+    def agreement(model: nn.Module) -> tuple[np.ndarray, np.ndarray]:
+        """Per continuation position: whether the variant's argmax is the target's, and its top probability."""
+        agree, confidence = [], []
         with torch.inference_mode():
             for seq, start, ref in seqs:
-                mine = model(seq, use_cache=False).logits[0].argmax(-1)
-                agree += int((mine[start - 1 : -1] == ref[start - 1 : -1]).sum())
-                total += seq.shape[1] - start
-        return agree, total
+                logits = model(seq, use_cache=False).logits[0, start - 1 : -1].float()
+                agree.append((logits.argmax(-1) == ref[start - 1 : -1]).numpy())
+                confidence.append(logits.softmax(-1).amax(-1).numpy())
+        return np.concatenate(agree), np.concatenate(confidence)
 
-    rows = []
+    rows, bands = [], []
 
     def record(variant: str, model: nn.Module) -> None:
-        agree, total = agreement(model)
+        hits, confidence = agreement(model)
+        agree, total = int(hits.sum()), hits.size
         ci = binomtest(agree, total).proportion_ci()
         rows.append(
             {"variant": variant, "agree": agree, "tokens": total, "share": agree / total, "lo": ci.low, "hi": ci.high}
         )
+        bands.extend(by_confidence(variant, hits, confidence))
         print(f"{variant:>32}: {agree / total:.3f} [{ci.low:.3f}, {ci.high:.3f}] of {total}", flush=True)
 
     print(f"{hardware_label('cpu')}; {len(seqs)} prompts x {args.max_new_tokens} greedy tokens of the bf16 target")
@@ -91,12 +125,15 @@ def main() -> None:
     drop: set[int] = set()
     for _ in range(args.skip):
         left = [i for i in range(target.config.num_hidden_layers) if i not in drop]
-        best = max(left, key=lambda i: agreement(without_layers(target, drop | {i}))[0])
+        best = max(left, key=lambda i: int(agreement(without_layers(target, drop | {i}))[0].sum()))
         drop.add(best)
         record(f"bf16 without layers {sorted(drop)}", without_layers(target, drop))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "agreement.csv", index=False)
+    table = pd.DataFrame(bands)
+    table.to_csv(out / "by_confidence.csv", index=False)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ class DraftConfig:
     min_ngram: int = 1
     vocab_top: int = 0  # > 0: the draft's head scores only this many most frequent ids (FR-Spec); 0: all
     vocab_corpus: str | None = None  # text or JSONL the frequencies are counted over (None: id order)
+    # A weight-only copy of the target (w8a16, w4a16, w4a16h8) starts from the target's KV of the prompt
+    # rather than its own prefill; other kinds always prefill themselves.
+    target_prompt_kv: bool = True
 
     def __post_init__(self) -> None:
         at_least("draft.min_ngram", self.min_ngram, 1)

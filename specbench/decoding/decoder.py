@@ -118,7 +118,7 @@ def _start(
         batch.rounds_of[row] = 0
     batch.stamp(first_mark)
     if draft is not None:
-        draft.prefill(batch.seqs)
+        draft.prefill(batch.seqs, target)
         batch.draft_ready_mark = timer.mark()
     return batch, start, first_mark
 

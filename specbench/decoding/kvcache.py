@@ -70,6 +70,34 @@ def attention_windows(config) -> dict[str, int | None]:
     return windows
 
 
+def kv_layout(config) -> tuple[int, int, int]:
+    """(layers, key/value heads, head size) of a model's KV cache: two models whose layouts match can hold
+    each other's KV (a weight-only copy and its target)."""
+    text = config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    return (
+        text.num_hidden_layers,
+        getattr(text, "num_key_value_heads", None) or heads,
+        getattr(text, "head_dim", None) or text.hidden_size // heads,
+    )
+
+
+def check_prefill_source(source, config, prompts: list[list[int]]) -> None:
+    """Raise ValueError unless `source` (an LM) holds the KV of exactly these prompts' lengths, with nothing
+    fed since, in a layout a model of `config` can read (what `prefill_from` copies)."""
+    lengths = [len(ids) for ids in prompts]
+    if source.n_valid_host != lengths:
+        raise ValueError(
+            f"prefill_from: the source holds rows of {source.n_valid_host} tokens, the prompts have {lengths}; "
+            "copy its KV right after its prefill of the same prompts"
+        )
+    if kv_layout(source.model.config) != kv_layout(config):
+        raise ValueError(
+            f"prefill_from: KV layout (layers, kv heads, head size) {kv_layout(source.model.config)} of the source, "
+            f"{kv_layout(config)} here; only a model of the same architecture (a weight-only copy) can take it"
+        )
+
+
 def cache_row_kv_bytes(cache) -> int:
     """Bytes one batch row holds in a transformers cache: Σ over layers of its keys and values
     ([kv_heads, L, head_dim] each) × element size; 0 for an empty cache."""
@@ -148,6 +176,17 @@ class CachedLM:
         self.n_valid_host = list(lengths)
         self.runs = [[[width - n, width]] for n in lengths]
         return torch.stack(last_logits)
+
+    def prefill_from(self, source: CachedLM, prompts: list[list[int]]) -> None:
+        """Start these rows with a copy of `source`'s KV rather than a forward of this model: `source` has just
+        prefilled the same prompts with a model of the same architecture (a weight-only copy's target)."""
+        check_prefill_source(source, self.model.config, prompts)
+        self.cache = DynamicCache()
+        for i, layer in enumerate(source.cache.layers):
+            self.cache.update(layer.keys.clone(), layer.values.clone(), i)
+        self.n_valid, self.mask = source.n_valid.clone(), source.mask.clone()
+        self.n_valid_host = list(source.n_valid_host)
+        self.runs = [[list(run) for run in row] for row in source.runs]
 
     def _attention_mask(self, k: int, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """The mask for a forward of k new (valid) columns at the end of `self.mask`, at `positions` [B, k].

@@ -29,7 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specbench.decoding.attention import GROUPED, symbolic_columns
-from specbench.decoding.kvcache import attention_windows
+from specbench.decoding.kvcache import attention_windows, check_prefill_source
 from specbench.decoding.timing import to_device, to_host
 
 ADDITIVE_MASKS = ("eager", GROUPED)  # attention implementations that add their mask to the scores
@@ -174,20 +174,40 @@ class StaticLM:
             last_logits.append(logits)
         for i, layer in enumerate(self.cache.layers):
             first = per_row[0].layers[i].keys  # [1, kv_heads, n, d]
-            shape = (len(prompts), first.shape[1], self.capacity, first.shape[-1])
-            if layer.keys is None or tuple(layer.keys.shape) != shape:
-                layer.keys = torch.zeros(shape, dtype=first.dtype, device=self.device)
-                layer.values = torch.zeros(shape, dtype=first.dtype, device=self.device)
-                if self.compiled:  # written in place by the compiled graph: its address must not change
-                    torch._dynamo.mark_static_address(layer.keys)
-                    torch._dynamo.mark_static_address(layer.values)
-                layer.is_initialized = True
+            self._allocate(layer, (len(prompts), first.shape[1], self.capacity, first.shape[-1]), first.dtype)
             for row, (cache, ids) in enumerate(zip(per_row, prompts)):
                 layer.keys[row, :, : len(ids)] = cache.layers[i].keys[0]
                 layer.values[row, :, : len(ids)] = cache.layers[i].values[0]
         self.slots = list(range(len(prompts)))
         self.lengths = [len(ids) for ids in prompts]
         return torch.stack(last_logits)
+
+    @torch.inference_mode()
+    def prefill_from(self, source: StaticLM, prompts: list[list[int]]) -> None:
+        """Start these rows with a copy of `source`'s KV rather than a forward of this model: `source` has just
+        prefilled the same prompts with a model of the same architecture (a weight-only copy's target)."""
+        check_prefill_source(source, self.model.config, prompts)
+        if source.capacity != self.capacity:
+            raise ValueError(f"prefill_from: the source's capacity is {source.capacity}, this one's {self.capacity}")
+        width = max(len(ids) for ids in prompts)
+        for layer, theirs in zip(self.cache.layers, source.cache.layers):
+            self._allocate(layer, tuple(theirs.keys.shape), theirs.keys.dtype)
+            layer.keys[:, :, :width] = theirs.keys[:, :, :width]
+            layer.values[:, :, :width] = theirs.values[:, :, :width]
+        self.slots = list(range(len(prompts)))
+        self.lengths = [len(ids) for ids in prompts]
+
+    def _allocate(self, layer: RowLayer, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        """Give `layer` buffers of this shape, keeping the ones it has when they fit (a compiled graph writes
+        them in place: their address must not change)."""
+        if layer.keys is not None and tuple(layer.keys.shape) == shape and layer.keys.dtype == dtype:
+            return
+        layer.keys = torch.zeros(shape, dtype=dtype, device=self.device)
+        layer.values = torch.zeros(shape, dtype=dtype, device=self.device)
+        if self.compiled:
+            torch._dynamo.mark_static_address(layer.keys)
+            torch._dynamo.mark_static_address(layer.values)
+        layer.is_initialized = True
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,10 @@ def resolve_kind(kind: str, device: str, needs_model: bool = False) -> str:
 def _model_draft(pair: Pair) -> Draft:
     from specbench.decoding.drafts import ModelDraft
 
-    return ModelDraft(pair.draft_model, name=pair.draft_kind, lm=pair.forward.lm(pair.draft_model))
+    shares = DRAFT_KINDS.get(pair.draft_kind).weights is not None and pair.draft_cfg.target_prompt_kv
+    return ModelDraft(
+        pair.draft_model, name=pair.draft_kind, lm=pair.forward.lm(pair.draft_model), target_prompt_kv=shares
+    )
 
 
 def _load_pair_draft(target, pair_cfg, draft_cfg, load_model, vocab):
