@@ -4,8 +4,9 @@
 
 A draft is a `draft.kind`, optionally `+top<N>`: its head restricted to the N most frequent ids
 (`draft.vocab_top`; counted over --vocab-corpus, else id order), and optionally `+ownkv`: a weight-only
-copy that prefills the prompt itself rather than start from the target's KV (`draft.target_prompt_kv`). `ngram` runs as it is (no model to
-compile, no floor). transformers' assisted generation drives the first draft listed (one with a model).
+copy that prefills the prompt itself rather than start from the target's KV (`draft.target_prompt_kv`).
+`ngram` runs as it is (no model to compile, no floor). transformers' assisted generation drives the first
+draft listed (one with a model).
 
 One process, embedded pair (bf16 unless --dtype), B = 1, greedy, --max-new-tokens 128. Every prompt
 runs every decoder, in an order that rotates by prompt, so drift cannot favour any of them:

@@ -20,7 +20,7 @@ PATHS = ["eager", "static"]
 
 
 def lm_on(path: str, model):
-    return ForwardPath(path, "default", 96).lm(model) if path != "eager" else ForwardPath().lm(model)
+    return ForwardPath(path, "default", 96).lm(model)
 
 
 def kv(lm, row: int, layer: int) -> torch.Tensor:
@@ -58,7 +58,7 @@ def test_a_draft_on_the_targets_prompt_kv_holds_the_targets_kv_and_stays_exact(p
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_prefill_from_refuses_other_rows_and_another_layout(path, target, prompts):
+def test_prefill_from_refuses_other_rows_another_layout_or_cache_kind(path, target, prompts):
     source = lm_on(path, target)
     source.prefill(prompts[:2])
     with pytest.raises(ValueError, match=r"holds rows of \[6, 11\] tokens, the prompts have \[11, 3\]"):
@@ -66,6 +66,9 @@ def test_prefill_from_refuses_other_rows_and_another_layout(path, target, prompt
     deeper = tiny_llama(2, layers=3)
     with pytest.raises(ValueError, match=r"KV layout .* \(2, 2, 8\) of the source, \(3, 2, 8\) here"):
         lm_on(path, deeper).prefill_from(source, prompts[:2])
+    other = lm_on("static" if path == "eager" else "eager", tiny_llama(0))  # the other cache kind
+    with pytest.raises(ValueError, match=r"prefill_from: a \w+LM copies from a \w+LM, not a"):
+        other.prefill_from(source, prompts[:2])
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,9 @@ def grouped_attention(
     symbolic = symbolic_columns(query.device)
     acc = _accumulation(query.dtype) if symbolic else query.dtype
     q = query.reshape(b * g, r * k, d).to(acc)  # [B·G, r·k, d]
-    key, value = (_fold(x, acc, copy=symbolic) for x in (key, value))  # [B·G, C, d]
+    if symbolic:
+        key, value = (x.to(acc, memory_format=torch.contiguous_format, copy=True) for x in (key, value))
+    key, value = (x.reshape(b * g, c, d) for x in (key, value))  # [B·G, C, d]
     scores = torch.bmm(q, key.transpose(1, 2)) * scaling  # [B·G, r·k, C]
     if attention_mask is not None:
         scores = (scores.view(b, g, r, k, c) + attention_mask[:, :, None, :, :]).view(b * g, r * k, c)
@@ -68,14 +70,6 @@ def grouped_attention(
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     out = torch.bmm(weights.to(acc), value).to(query.dtype)  # [B·G, r·k, d]
     return out.view(b, h, k, d).transpose(1, 2).contiguous(), weights.view(b, g, r * k, c)
-
-
-def _fold(x: torch.Tensor, dtype: torch.dtype, copy: bool) -> torch.Tensor:
-    """[B, G, C, d] -> [B·G, C, d] in `dtype`; `copy`: a contiguous copy, whatever the strides."""
-    b, g, c, d = x.shape
-    if copy:
-        x = x.to(dtype, memory_format=torch.contiguous_format, copy=True)
-    return x.reshape(b * g, c, d).to(dtype)
 
 
 def _one_query(

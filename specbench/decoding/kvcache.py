@@ -82,9 +82,14 @@ def kv_layout(config) -> tuple[int, int, int]:
     )
 
 
-def check_prefill_source(source, config, prompts: list[list[int]]) -> None:
-    """Raise ValueError unless `source` (an LM) holds the KV of exactly these prompts' lengths, with nothing
-    fed since, in a layout a model of `config` can read (what `prefill_from` copies)."""
+def check_prefill_source(source, family: type, config, prompts: list[list[int]]) -> None:
+    """Raise ValueError unless `source` is an LM of `family` (the receiver's cache kind) holding the KV of
+    exactly these prompts' lengths, with nothing fed since, in a layout a model of `config` can read (what
+    `prefill_from` copies)."""
+    if not isinstance(source, family):
+        raise ValueError(
+            f"prefill_from: a {family.__name__} copies from a {family.__name__}, not a {type(source).__name__}"
+        )
     lengths = [len(ids) for ids in prompts]
     if source.n_valid_host != lengths:
         raise ValueError(
@@ -180,7 +185,7 @@ class CachedLM:
     def prefill_from(self, source: CachedLM, prompts: list[list[int]]) -> None:
         """Start these rows with a copy of `source`'s KV rather than a forward of this model: `source` has just
         prefilled the same prompts with a model of the same architecture (a weight-only copy's target)."""
-        check_prefill_source(source, self.model.config, prompts)
+        check_prefill_source(source, CachedLM, self.model.config, prompts)
         self.cache = DynamicCache()
         for i, layer in enumerate(source.cache.layers):
             self.cache.update(layer.keys.clone(), layer.values.clone(), i)

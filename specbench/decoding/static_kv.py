@@ -186,7 +186,7 @@ class StaticLM:
     def prefill_from(self, source: StaticLM, prompts: list[list[int]]) -> None:
         """Start these rows with a copy of `source`'s KV rather than a forward of this model: `source` has just
         prefilled the same prompts with a model of the same architecture (a weight-only copy's target)."""
-        check_prefill_source(source, self.model.config, prompts)
+        check_prefill_source(source, StaticLM, self.model.config, prompts)
         if source.capacity != self.capacity:
             raise ValueError(f"prefill_from: the source's capacity is {source.capacity}, this one's {self.capacity}")
         width = max(len(ids) for ids in prompts)
