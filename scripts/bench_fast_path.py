@@ -34,7 +34,13 @@ import torch
 from specbench.analysis.stats import median_ci
 from specbench.bench.envinfo import environment_record, hardware_label
 from specbench.bench.microbench import bench_weight_stream, streamed_weight_bytes
-from specbench.bench.workloads import load_workload, render_prompt
+from specbench.bench.workloads import (
+    SPEC_BENCH_ENV,
+    WorkloadError,
+    default_spec_bench_path,
+    load_workload,
+    render_prompt,
+)
 from specbench.config import DraftConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.forward import DRAFT_KS, ForwardPath, capacity_for, target_ks
@@ -102,7 +108,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--compile-mode", default="max-autotune")
     ap.add_argument("--vocab-corpus", default=None, help="draft.vocab_corpus for the +top<N> drafts")
-    ap.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument(
+        "--spec-bench", default=default_spec_bench_path(), help=f"default: ${SPEC_BENCH_ENV}, else %(default)s"
+    )
     ap.add_argument("--out", default="runs/bench_fast_path")
     ap.add_argument("--summarize", action="store_true", help="rewrite --out's summary.md from its rows and meta")
     args = ap.parse_args()
@@ -123,6 +131,10 @@ def main() -> None:
             meta.get("isa"),
         )
         return
+    try:  # before the models load: a wrong path should fail in a second, not after minutes
+        prompts = load_workload("spec_bench", args.spec_bench, limit_per_category=1)[: args.prompts]
+    except WorkloadError as e:
+        raise SystemExit(f"--spec-bench {args.spec_bench}: {e} (pass the file, or set ${SPEC_BENCH_ENV})") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -137,7 +149,6 @@ def main() -> None:
             "draft model; list a model draft (w8a16, w4a16) first"
         )
     tok, target, eos = first.tokenizer, first.target, first.eos
-    prompts = load_workload("spec_bench", args.spec_bench, limit_per_category=1)[: args.prompts]
     ids = {p.prompt_id: tok(render_prompt(p, tok), add_special_tokens=False)["input_ids"] for p in prompts}
     capacity = capacity_for([len(v) for v in ids.values()], n, max(args.gammas))
     fast = ForwardPath("compiled", args.compile_mode, capacity)

@@ -29,7 +29,13 @@ from scipy.stats import binomtest
 from torch import nn
 
 from specbench.bench.envinfo import hardware_label
-from specbench.bench.workloads import load_workload, render_prompt
+from specbench.bench.workloads import (
+    SPEC_BENCH_ENV,
+    WorkloadError,
+    default_spec_bench_path,
+    load_workload,
+    render_prompt,
+)
 from specbench.config import DraftConfig, PairConfig
 from specbench.models.pair import load_pair
 from specbench.models.quant import quantize_w4a16, quantize_w8a16
@@ -80,13 +86,18 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--skip", type=int, default=3, help="layers removed greedily, one per step")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument(
+        "--spec-bench", default=default_spec_bench_path(), help=f"default: ${SPEC_BENCH_ENV}, else %(default)s"
+    )
     ap.add_argument("--out", default="runs/draft_agreement")
     args = ap.parse_args()
+    try:  # before the models load: a wrong path should fail in a second, not after minutes
+        prompts = load_workload("spec_bench", args.spec_bench)[::30][: args.prompts]
+    except WorkloadError as e:
+        raise SystemExit(f"--spec-bench {args.spec_bench}: {e} (pass the file, or set ${SPEC_BENCH_ENV})") from None
     torch.set_num_threads(args.threads)
     pair = load_pair(PairConfig(dtype="bfloat16"), DraftConfig(kind="ngram"))
     target, tok = pair.target, pair.tokenizer
-    prompts = load_workload("spec_bench", args.spec_bench)[::30][: args.prompts]
     seqs = []  # (prompt + greedy continuation [1, n], prompt length, the target's argmax at each position)
     with torch.inference_mode():
         for p in prompts:

@@ -9,6 +9,7 @@ file, the 1-based line number and what was expected.
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Any
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl")
 DEFAULT_CATEGORY = "custom"  # category of a user JSONL line that names none
 BUILTIN_FILE = "builtin_prompts.jsonl"
+SPEC_BENCH_ENV = "SPECBENCH_SPEC_BENCH"  # conf/workload/spec_bench.yaml reads the same variable
+SPEC_BENCH_BESIDE_CHECKOUT = "../shared/data/spec_bench/question.jsonl"
 
 
 class WorkloadError(ValueError):
@@ -96,6 +99,11 @@ def load_jsonl_prompts(
         _check_unique(prompt_id, "id", lineno, seen, where)
         prompts.append(Prompt(prompt_id, category, messages, source="jsonl"))
     return _select(prompts, categories, limit_per_category, where=str(path))
+
+
+def default_spec_bench_path() -> str:
+    """Spec-Bench's question.jsonl as the configs find it: $SPECBENCH_SPEC_BENCH, else beside the checkout."""
+    return os.environ.get(SPEC_BENCH_ENV, SPEC_BENCH_BESIDE_CHECKOUT)
 
 
 def load_workload(
