@@ -48,6 +48,7 @@ from specbench.decoding.hf_assisted import hf_assisted_decode
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
 from specbench.models.pair import load_pair
+from specbench.models.quant import kernel_sources
 
 GREEDY = SamplingConfig()
 
@@ -205,6 +206,7 @@ def main() -> None:
         "max_new_tokens": n,
         "threads": torch.get_num_threads(),
         "isa": environment_record()["cpu"]["isa"],
+        "kernel_sources": {d: kernel_sources(p.draft_model) for d, p in pairs.items() if p.draft_model is not None},
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=float))
     summarize(df, out, args, compile_s, bandwidth, weights, new_shapes, meta["isa"])

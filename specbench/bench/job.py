@@ -36,7 +36,7 @@ from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.models.kernels import linear_kernels
 from specbench.models.loading import fastest_cpu_dtype
 from specbench.models.pair import Pair, load_pair
-from specbench.models.quant import kernel_choices
+from specbench.models.quant import kernel_choices, kernel_sources
 
 log = logging.getLogger(__name__)
 CT_KS = range(1, 17)  # k of the per-job C_t(k) micro-benchmark
@@ -169,6 +169,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
             "memory": peak.record,
             **auto_dtype_record(cfg),
             "draft_kernel_rows": kernel_choices(pair.draft_model) if pair.draft_model is not None else {},
+            "draft_kernel_sources": kernel_sources(pair.draft_model) if pair.draft_model is not None else {},
             "cpu_linear": {  # bf16 linears on CPU: per shape, the rows up to which ATen's gemv runs (pair.cpu_linear)
                 "setting": cfg.pair.cpu_linear,
                 "target_gemv_rows": linear_kernels(pair.target),

@@ -71,8 +71,9 @@ def fastest_cpu_dtype(
     Timed in the kernels a job runs, interleaved, once per process and setting: the target's matvecs
     in bf16 as `CpuLinear` runs them (the faster of ATen's gemv and the prepacked oneDNN kernel) unless
     `cpu_linear='torch'`, in fp32 as nn.Linear; a weight-only draft's (`draft_weights` 'int8' | 'int4')
-    in its layer's kernel for that dtype (no int8 kernel takes fp32 activations: it dequantizes). On an
-    AMX Xeon the probe of torch's default bf16 linear alone picked fp32, whose W8A16 draft cost 2x C_t1."""
+    in its layer's kernel for that dtype (fp32: specbench's `cpu_matvec` where it builds, else torch's int4
+    kernel, and int8 dequantizes). On an AMX Xeon the probe of torch's default bf16 linear alone picked fp32,
+    whose W8A16 draft then dequantized every weight per step and cost 2x C_t1."""
     from specbench.models.quant import WEIGHT_ONLY_LAYERS
 
     g = torch.Generator().manual_seed(0)  # not the global RNG: probing must not shift a job's seeds

@@ -7,6 +7,8 @@ channels, in torch's CPU int4 kernel: a quarter of the bytes. W4A16 with an int8
 the output head is where int4's rounding costs agreement with the target (SmolLM2-135M, teacher-forced
 greedy agreement over 16 Spec-Bench prompts, scripts/draft_agreement.py: int4 everywhere 90.7%, int8
 head 97.2%, W8A16 95.7%), and it is a fifth of the weights. Activations stay in the model's float dtype in all.
+With float32 activations the few-row kernel is specbench's own (`cpu_matvec`, AVX2) where it is built: torch
+has no int8 kernel for fp32 and its int4 kernel is compute-bound on AVX2.
 """
 
 from __future__ import annotations
@@ -18,10 +20,22 @@ import time
 import torch
 from torch import nn
 
+from specbench.models import cpu_matvec
 from specbench.models.kernels import PROBE_ROWS
 from specbench.models.vocab import SubsetHead, restrict_head
 
-KERNEL_DTYPES = {"int8": (torch.bfloat16,), "int4": (torch.bfloat16, torch.float16, torch.float32)}
+TORCH_KERNEL_DTYPES = {"int8": (torch.bfloat16,), "int4": (torch.bfloat16, torch.float16, torch.float32)}
+KERNEL_SOURCES = ("specbench", "torch")  # whose few-row kernel a weight-only layer runs (None: it dequantizes)
+
+
+def kernel_source(kind: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> str | None:
+    """Whose weight-only `kind` kernel runs for activations in `dtype`: 'specbench' (`cpu_matvec`, float32
+    on CPUs with AVX2), 'torch' (its CPU kernels), or None where neither applies (the layer dequantizes)."""
+    if torch.device(device).type != "cpu":
+        return None
+    if dtype == torch.float32 and cpu_matvec.available():
+        return "specbench"
+    return "torch" if dtype in TORCH_KERNEL_DTYPES[kind] else None
 
 
 def _median_time(run, x: torch.Tensor) -> float:
@@ -46,7 +60,7 @@ def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dty
     GEMM at this shape and dtype on this machine; 0 where it never does, or does not apply (not CPU,
     another dtype). Timed once per process per shape, when a layer is quantized. A GEMM's cost does
     not fall as rows grow, so a kernel under half the last GEMM time wins without timing the GEMM again."""
-    if torch.device(device).type != "cpu" or dtype not in KERNEL_DTYPES[kind]:
+    if kernel_source(kind, dtype, device) is None:
         return 0
     linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype)
     layer = WEIGHT_ONLY_LAYERS[kind](linear, probe=False)
@@ -74,15 +88,18 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.to(linear.weight.dtype))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.source = kernel_source("int8", linear.weight.dtype, linear.weight.device)
         # torch's int8 kernel wins while memory-bound (few rows: decode steps); past some rows (prefill,
         # big batches, long verifies) one dequantized GEMM is faster. Where, depends on shape and ISA.
         self.kernel_rows = (
             kernel_rows("int8", self.out_features, self.in_features, self.scale.dtype, self.weight.device)
             if probe
-            else max(PROBE_ROWS)
+            else (max(PROBE_ROWS) if self.source else 0)
         )
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.source == "specbench":
+            return cpu_matvec.int8_matvec(flat.contiguous(), self.weight, self.scale)
         return torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scale)
 
     def gemm(self, flat: torch.Tensor) -> torch.Tensor:
@@ -91,7 +108,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.device.type == "cpu" and flat.dtype in KERNEL_DTYPES["int8"] and flat.shape[0] <= self.kernel_rows:
+        if flat.dtype == self.scale.dtype and flat.device.type == "cpu" and flat.shape[0] <= self.kernel_rows:
             y = self.kernel(flat)
         else:
             y = self.gemm(flat)
@@ -117,15 +134,24 @@ class Int4Linear(nn.Module):
         # The GEMM path's copy of q, a plain attribute rather than a buffer: a decode step (the kernel)
         # never reads it, so it is not part of the weight bytes a step streams.
         self.unpacked = q.to(torch.uint8)
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
-        # [k/g, n, 2]: (scale, zero) as the kernel takes them; zero = low + 8·scale since q is offset by 8
-        sz = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous()
-        self.register_buffer("scales_zeros", sz.to(linear.weight.dtype))  # the activations' dtype: no cast per call
+        # [k/g, n, 2]: (scale, zero) as torch's kernel takes them; zero = low + 8·scale since q is offset by 8
+        sz = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(linear.weight.dtype)
+        self.source = kernel_source("int4", linear.weight.dtype, linear.weight.device)
+        if self.source == "specbench":  # its buffers: what its kernel streams (w = q·scale + low per group)
+            self.register_buffer("nibbles", cpu_matvec.pack_nibbles(self.unpacked))
+            self.register_buffer("group_scale", scale.contiguous())
+            self.register_buffer("group_low", low.contiguous())
+            self.scales_zeros = sz  # the GEMM path's, like `unpacked`
+        else:
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+            self.register_buffer("scales_zeros", sz)  # the activations' dtype: no cast per call
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = k, n
         # Like Int8Linear: the kernel's cost grows with the rows, a dequantized GEMM's does not.
         self.kernel_rows = (
-            kernel_rows("int4", n, k, self.scales_zeros.dtype, self.packed.device) if probe else max(PROBE_ROWS)
+            kernel_rows("int4", n, k, sz.dtype, linear.weight.device)
+            if probe
+            else (max(PROBE_ROWS) if self.source else 0)
         )
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
@@ -136,6 +162,8 @@ class Int4Linear(nn.Module):
         return w.reshape(n, k).to(dtype)
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.source == "specbench":
+            return cpu_matvec.int4_matvec(flat.contiguous(), self.nibbles, self.group_scale, self.group_low)
         sz = self.scales_zeros.to(flat.dtype)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.GROUP, sz)
 
@@ -145,7 +173,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.device.type == "cpu" and flat.dtype in KERNEL_DTYPES["int4"] and flat.shape[0] <= self.kernel_rows:
+        if flat.dtype == self.scales_zeros.dtype and flat.device.type == "cpu" and flat.shape[0] <= self.kernel_rows:
             y = self.kernel(flat)
         else:
             y = self.gemm(flat)
@@ -202,8 +230,14 @@ def quantize_w4a16_cached(model: nn.Module, vocab: tuple[int, ...] | None = None
 
 
 def kernel_choices(model: nn.Module) -> dict[str, int]:
-    """Per quantized weight shape, the rows up to which its layers use torch's kernel (for job records)."""
+    """Per quantized weight shape, the rows up to which its layers use their kernel (for job records)."""
     kinds = {layer: name for name, layer in WEIGHT_ONLY_LAYERS.items()}
     return {
         f"{kinds[type(m)]} {m.out_features}x{m.in_features}": m.kernel_rows for m in model.modules() if type(m) in kinds
     }
+
+
+def kernel_sources(model: nn.Module) -> dict[str, str | None]:
+    """Per weight format in `model`, whose kernel its layers run: 'specbench', 'torch' or None (for job records)."""
+    kinds = {layer: name for name, layer in WEIGHT_ONLY_LAYERS.items()}
+    return {kinds[type(m)]: m.source for m in model.modules() if type(m) in kinds}

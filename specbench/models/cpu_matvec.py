@@ -1,0 +1,91 @@
+"""specbench's own weight-only CPU kernels for float32 activations (`cpu_matvec.cpp`, AVX2 + FMA), as torch ops.
+
+torch has none that stream at memory speed on an AVX2 CPU: its int8 kernel takes bf16 activations only
+and its int4 kernel is compute-bound there, so a W8A16 / W4A16 draft of an fp32 target cost more than
+the target (`analysis/fast_path_fp32_cpu_amx_avx2_kernels/`). These quantize the activations to int8 per
+block of 32 and stream the weights once per step. They are built on first use (~30 s, then cached by
+torch under TORCH_EXTENSIONS_DIR) and registered as `torch.ops.specbench.*`, so `torch.compile` calls
+them like any op. Where they cannot be built (not x86 with AVX2 and FMA, no C++ compiler) or are switched
+off (`SPECBENCH_CPU_MATVEC=0`, to measure torch's kernels instead), `available()` is False and the
+quantized layers use torch's kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+
+from specbench.bench.envinfo import cpu_isa_flags
+
+SOURCE = Path(__file__).with_name("cpu_matvec.cpp")
+SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels
+REQUIRED_FLAGS = ("avx2", "fma")
+BLOCK = 32  # activation block and int4 weight group: the kernels' unit
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernels are built and loaded in this process (built here on the first call)."""
+    if os.environ.get(SWITCH_ENV, "1") == "0":
+        return False
+    if platform.machine().lower() not in ("x86_64", "amd64") or not set(REQUIRED_FLAGS) <= set(cpu_isa_flags()):
+        return False
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(
+            name="specbench_cpu_matvec",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],  # OpenMP: at::parallel_for runs threaded
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
+    except Exception as exc:  # no compiler or ninja, a failed build: torch's kernels still work
+        warnings.warn(
+            f"specbench's AVX2 weight-only kernels could not be built ({type(exc).__name__}: {exc}); "
+            f"float32 int8/int4 layers fall back to torch's kernels (set {SWITCH_ENV}=0 to skip the build)",
+            stacklevel=2,
+        )
+        return False
+    torch.library.register_fake("specbench::int8_matvec")(_int8_shape)
+    torch.library.register_fake("specbench::int4_matvec")(_int4_shape)
+    return True
+
+
+def _int8_shape(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _int4_shape(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], nibbles.shape[0])
+
+
+def int8_matvec(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ (weight [N, K] int8 · scale [N]).T → [M, N], x rounded to int8 per block of 32."""
+    return torch.ops.specbench.int8_matvec(x, weight, scale)
+
+
+def int4_matvec(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ w.T → [M, N], w[n, k] = q[n, k] · scale[n, k/32] + low[n, k/32] with q packed by
+    `pack_nibbles`; x rounded to int8 per block of 32."""
+    return torch.ops.specbench.int4_matvec(x, nibbles, scale, low)
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] in 0..15 → uint8 [N, K/2]: per block of 32, byte i holds q[i] (low nibble) and q[16 + i]."""
+    n, k = q.shape
+    blocks = q.to(torch.uint8).reshape(n, k // BLOCK, 2, BLOCK // 2)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def quantize_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the kernels see it: rounded to int8 per block of 32 (scale = block max / 127), in float64."""
+    blocks = x.double().reshape(x.shape[0], -1, BLOCK)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(scale > 0, torch.round(blocks / scale.clamp_min(1e-300)), 0.0)
+    return (q * scale).reshape(x.shape)

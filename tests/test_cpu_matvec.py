@@ -1,0 +1,174 @@
+"""specbench's AVX2 weight-only kernels (`models/cpu_matvec`): exact against their definition, the same on
+any thread count and under torch.compile, refused on bad input, and a draft running them stays lossless."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import hf_greedy, tiny_llama
+from test_decoder import GREEDY
+
+from specbench.decoding.decoder import speculative_decode
+from specbench.decoding.drafts import ModelDraft
+from specbench.decoding.forward import ForwardPath
+from specbench.models import cpu_matvec
+from specbench.models.quant import Int4Linear, Int8Linear, quantize_w4a16, quantize_w8a16
+
+if not cpu_matvec.available():
+    if os.environ.get("SPECBENCH_REQUIRE_CPU_MATVEC") == "1":  # set by .ci/run: there it must build
+        pytest.fail("SPECBENCH_REQUIRE_CPU_MATVEC=1 but specbench's AVX2 kernels did not build", pytrace=False)
+    pytest.skip("specbench's AVX2 kernels are not available here (no AVX2/FMA or no compiler)", allow_module_level=True)
+
+
+def int8_case(rows: int, n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    weight = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.rand(n, generator=g) + 0.01
+    return x, weight, scale
+
+
+def int4_case(rows: int, n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    scale, low = torch.rand(n, k // 32, generator=g) + 0.01, torch.randn(n, k // 32, generator=g)
+    return x, q, scale, low
+
+
+def int4_weight(q, scale, low):
+    return q.double() * scale.double().repeat_interleave(32, 1) + low.double().repeat_interleave(32, 1)
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 37, 64), (3, 96, 96), (8, 200, 576)])
+def test_int8_matvec_is_the_block_quantized_product(rows, n, k):
+    x, weight, scale = int8_case(rows, n, k)
+    expected = cpu_matvec.quantize_blocks(x) @ (weight.double() * scale.double()[:, None]).T
+    got = cpu_matvec.int8_matvec(x, weight, scale)
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 37, 64), (3, 96, 96), (8, 200, 576)])
+def test_int4_matvec_is_the_block_quantized_product(rows, n, k):
+    x, q, scale, low = int4_case(rows, n, k)
+    expected = cpu_matvec.quantize_blocks(x) @ int4_weight(q, scale, low).T
+    got = cpu_matvec.int4_matvec(x, cpu_matvec.pack_nibbles(q), scale, low)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+def test_block_quantization_is_exact_where_x_is_already_on_the_grid():
+    # x = integers times a power of two per block: rounding to int8 changes nothing, so the product is
+    # the plain one (this pins quantize_blocks itself, which the tests above use as the definition)
+    q = torch.randint(-127, 128, (1, 64), generator=torch.Generator().manual_seed(0))
+    q[0, 0], q[0, 40] = 127, -127  # each block's largest magnitude maps to 127 exactly
+    x = q.float() * 2.0**-3
+    assert torch.equal(cpu_matvec.quantize_blocks(x), x.double())
+    _, weight, scale = int8_case(1, 5, 64)
+    expected = x.double() @ (weight.double() * scale.double()[:, None]).T
+    torch.testing.assert_close(cpu_matvec.int8_matvec(x, weight, scale).double(), expected, rtol=1e-6, atol=1e-4)
+
+
+def test_pack_nibbles_puts_a_blocks_second_half_in_the_high_nibbles():
+    q = torch.arange(64, dtype=torch.uint8).remainder(16).reshape(1, 64)
+    packed = cpu_matvec.pack_nibbles(q)
+    assert packed.shape == (1, 32) and packed.dtype == torch.uint8
+    assert packed[0, 0].item() == q[0, 0] | (q[0, 16] << 4)
+    assert packed[0, 16].item() == q[0, 32] | (q[0, 48] << 4)
+
+
+def test_zero_rows_give_zeros_not_nan():
+    _, weight, scale = int8_case(1, 16, 64)
+    x = torch.zeros(2, 64)
+    assert torch.equal(cpu_matvec.int8_matvec(x, weight, scale), torch.zeros(2, 16))
+    _, q, s, low = int4_case(1, 16, 64)
+    assert torch.equal(cpu_matvec.int4_matvec(x, cpu_matvec.pack_nibbles(q), s, low), torch.zeros(2, 16))
+
+
+def test_the_result_does_not_depend_on_the_thread_count():
+    x, weight, scale = int8_case(2, 1000, 576)
+    x4, q, s, low = int4_case(2, 1000, 576)
+    nibbles = cpu_matvec.pack_nibbles(q)
+    before = torch.get_num_threads()
+    try:
+        out = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append((cpu_matvec.int8_matvec(x, weight, scale), cpu_matvec.int4_matvec(x4, nibbles, s, low)))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+
+
+def test_compiled_calls_equal_eager_ones():
+    x, weight, scale = int8_case(1, 64, 96)
+    x4, q, s, low = int4_case(1, 64, 96)
+    nibbles = cpu_matvec.pack_nibbles(q)
+
+    def step(x, x4):
+        return cpu_matvec.int8_matvec(x, weight, scale).relu() + cpu_matvec.int4_matvec(x4, nibbles, s, low)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(x, x4), step(x, x4))
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: cpu_matvec.int8_matvec(torch.randn(1, 48), *int8_case(1, 4, 48)[1:]), "multiple of 32"),
+        (lambda: cpu_matvec.int8_matvec(torch.randn(1, 64).bfloat16(), *int8_case(1, 4, 64)[1:]), "float32"),
+        (lambda: cpu_matvec.int8_matvec(torch.randn(1, 32), *int8_case(1, 4, 64)[1:]), "has 32 columns"),
+        (lambda: cpu_matvec.int8_matvec(torch.randn(1, 64), torch.zeros(4, 64), torch.ones(4)), "int8"),
+        (
+            lambda: cpu_matvec.int4_matvec(
+                torch.randn(1, 64), torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 2)
+            ),
+            "[N, K/32]",
+        ),  # noqa: E501
+    ],
+)
+def test_bad_input_is_refused_naming_the_op_and_what_is_allowed(call, message):
+    with pytest.raises(RuntimeError, match="specbench::int[48]_matvec") as info:
+        call()
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("cls", [Int8Linear, Int4Linear])
+def test_float32_layers_run_it_and_bf16_layers_keep_torchs(cls):
+    fp32 = cls(torch.nn.Linear(64, 48, bias=False))
+    bf16 = cls(torch.nn.Linear(64, 48, bias=False, dtype=torch.bfloat16))
+    assert fp32.source == "specbench" and bf16.source == "torch"
+    x = torch.randn(2, 64)
+    fp32.kernel_rows = 64
+    assert torch.equal(fp32(x), fp32.kernel(x))
+
+
+def test_switched_off_the_layers_use_torch_or_dequantize():
+    code = (
+        "import torch; from specbench.models import cpu_matvec; from specbench.models.quant import Int4Linear, Int8Linear;"
+        "lin = torch.nn.Linear(64, 48, bias=False);"
+        "print(cpu_matvec.available(), Int8Linear(lin).source, Int4Linear(lin).source)"
+    )
+    env = {**os.environ, cpu_matvec.SWITCH_ENV: "0", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["False", "None", "torch"]
+
+
+@pytest.mark.parametrize("path", ["eager", "compiled"])
+@pytest.mark.parametrize("kind", ["w8a16", "w4a16h8"])
+def test_a_float32_draft_on_these_kernels_is_lossless(kind, path, prompts):
+    target = tiny_llama(0, dtype=torch.float32)
+    model = quantize_w8a16(target) if kind == "w8a16" else quantize_w4a16(target, head="int8")
+    layers = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
+    assert layers and all(m.source == "specbench" for m in layers)
+    for layer in layers:
+        layer.kernel_rows = 64  # the kernel at every row count the decoder feeds (the probe may pick fewer)
+    fast = ForwardPath(path, "default", 96)
+    result = speculative_decode(
+        fast.lm(target), ModelDraft(model, lm=fast.lm(model), name=kind), prompts, 3, GREEDY, 20, set()
+    )
+    for row, prompt in enumerate(prompts):
+        assert result.tokens[row] == hf_greedy(target, prompt, 20), f"row {row}"
+    assert sum(r.accepted for r in result.rounds) > 0  # the draft still proposes the target's tokens
