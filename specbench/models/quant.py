@@ -25,7 +25,6 @@ from specbench.models.kernels import PROBE_ROWS
 from specbench.models.vocab import SubsetHead, restrict_head
 
 TORCH_KERNEL_DTYPES = {"int8": (torch.bfloat16,), "int4": (torch.bfloat16, torch.float16, torch.float32)}
-KERNEL_SOURCES = ("specbench", "torch")  # whose few-row kernel a weight-only layer runs (None: it dequantizes)
 
 
 def kernel_source(kind: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> str | None:
