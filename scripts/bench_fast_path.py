@@ -34,13 +34,7 @@ import torch
 from specbench.analysis.stats import median_ci
 from specbench.bench.envinfo import environment_record, hardware_label
 from specbench.bench.microbench import bench_weight_stream, streamed_weight_bytes
-from specbench.bench.workloads import (
-    SPEC_BENCH_ENV,
-    WorkloadError,
-    default_spec_bench_path,
-    load_workload,
-    render_prompt,
-)
+from specbench.bench.workloads import SPEC_BENCH_ENV, default_spec_bench_path, render_prompt, spec_bench_for_script
 from specbench.config import DraftConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.forward import DRAFT_KS, ForwardPath, capacity_for, target_ks
@@ -132,10 +126,7 @@ def main() -> None:
             meta.get("isa"),
         )
         return
-    try:  # before the models load: a wrong path should fail in a second, not after minutes
-        prompts = load_workload("spec_bench", args.spec_bench, limit_per_category=1)[: args.prompts]
-    except WorkloadError as e:
-        raise SystemExit(f"--spec-bench {args.spec_bench}: {e} (pass the file, or set ${SPEC_BENCH_ENV})") from None
+    prompts = spec_bench_for_script(args.spec_bench, limit_per_category=1)[: args.prompts]  # before any model loads
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)

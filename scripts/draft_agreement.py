@@ -29,13 +29,7 @@ from scipy.stats import binomtest
 from torch import nn
 
 from specbench.bench.envinfo import hardware_label
-from specbench.bench.workloads import (
-    SPEC_BENCH_ENV,
-    WorkloadError,
-    default_spec_bench_path,
-    load_workload,
-    render_prompt,
-)
+from specbench.bench.workloads import SPEC_BENCH_ENV, default_spec_bench_path, render_prompt, spec_bench_for_script
 from specbench.config import DraftConfig, PairConfig
 from specbench.models.pair import load_pair
 from specbench.models.quant import quantize_w4a16, quantize_w8a16
@@ -91,10 +85,7 @@ def main() -> None:
     )
     ap.add_argument("--out", default="runs/draft_agreement")
     args = ap.parse_args()
-    try:  # before the models load: a wrong path should fail in a second, not after minutes
-        prompts = load_workload("spec_bench", args.spec_bench)[::30][: args.prompts]
-    except WorkloadError as e:
-        raise SystemExit(f"--spec-bench {args.spec_bench}: {e} (pass the file, or set ${SPEC_BENCH_ENV})") from None
+    prompts = spec_bench_for_script(args.spec_bench)[::30][: args.prompts]  # before any model loads
     torch.set_num_threads(args.threads)
     pair = load_pair(PairConfig(dtype="bfloat16"), DraftConfig(kind="ngram"))
     target, tok = pair.target, pair.tokenizer

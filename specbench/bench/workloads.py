@@ -106,6 +106,15 @@ def default_spec_bench_path() -> str:
     return os.environ.get(SPEC_BENCH_ENV, SPEC_BENCH_BESIDE_CHECKOUT)
 
 
+def spec_bench_for_script(path: str, **selection: Any) -> list[Prompt]:
+    """`load_workload('spec_bench', path, ...)` for a script's `--spec-bench` flag: called before any model
+    loads, a missing or malformed file stops the script at once, naming the flag, the path and the fix."""
+    try:
+        return load_workload("spec_bench", path, **selection)
+    except WorkloadError as e:
+        raise SystemExit(f"--spec-bench {path}: {e} (pass the file, or set ${SPEC_BENCH_ENV})") from None
+
+
 def load_workload(
     kind: str,
     path: str | Path | None = None,

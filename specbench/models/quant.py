@@ -55,7 +55,7 @@ def _median_time(run, x: torch.Tensor) -> float:
 
 @functools.cache
 def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device) -> int:
-    """The most rows (of `PROBE_ROWS`) up to which torch's weight-only `kind` kernel beats a dequantized
+    """The most rows (of `PROBE_ROWS`) up to which the weight-only `kind` kernel (`kernel_source`) beats a dequantized
     GEMM at this shape and dtype on this machine; 0 where it never does, or does not apply (not CPU,
     another dtype). Timed once per process per shape, when a layer is quantized. A GEMM's cost does
     not fall as rows grow, so a kernel under half the last GEMM time wins without timing the GEMM again."""
@@ -76,8 +76,53 @@ def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dty
     return best
 
 
-class Int8Linear(nn.Module):
+class WeightOnlyLinear(nn.Module):
+    """What Int8Linear and Int4Linear share: per call, their few-row kernel or one dequantized GEMM.
+
+    The kernel wins while memory-bound (few rows: decode steps); past some rows (prefill, big batches, long
+    verifies) the GEMM is faster, its cost not growing with the rows. Where, depends on shape and ISA."""
+
+    KIND = ""  # the weight format, a key of WEIGHT_ONLY_LAYERS
+    in_features: int
+    out_features: int
+    bias: nn.Parameter | None
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The float dtype the layer was quantized from: the only one its kernel takes."""
+        raise NotImplementedError
+
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def gemm(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _pick_kernel(self, device: torch.device, probe: bool) -> None:
+        """Set `source` (whose kernel, `kernel_source`) and `kernel_rows` (measured when `probe`, else every row)."""
+        dtype = self.activation_dtype
+        self.source = kernel_source(self.KIND, dtype, device)
+        if probe:
+            self.kernel_rows = kernel_rows(self.KIND, self.out_features, self.in_features, dtype, device)
+        else:
+            self.kernel_rows = max(PROBE_ROWS) if self.source else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        if flat.dtype == self.activation_dtype and flat.device.type == "cpu" and flat.shape[0] <= self.kernel_rows:
+            y = self.kernel(flat)
+        else:
+            y = self.gemm(flat)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int8Linear(WeightOnlyLinear):
     """y = x @ (w_int8 * scale).T (+ bias), per-output-channel symmetric scales."""
+
+    KIND = "int8"
 
     def __init__(self, linear: nn.Linear, probe: bool = True) -> None:
         super().__init__()
@@ -87,14 +132,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.to(linear.weight.dtype))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.source = kernel_source("int8", linear.weight.dtype, linear.weight.device)
-        # torch's int8 kernel wins while memory-bound (few rows: decode steps); past some rows (prefill,
-        # big batches, long verifies) one dequantized GEMM is faster. Where, depends on shape and ISA.
-        self.kernel_rows = (
-            kernel_rows("int8", self.out_features, self.in_features, self.scale.dtype, self.weight.device)
-            if probe
-            else (max(PROBE_ROWS) if self.source else 0)
-        )
+        self._pick_kernel(linear.weight.device, probe)
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        return self.scale.dtype
 
     def kernel(self, flat: torch.Tensor) -> torch.Tensor:
         if self.source == "specbench":
@@ -104,21 +146,11 @@ class Int8Linear(nn.Module):
     def gemm(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(flat, self.weight.to(flat.dtype)) * self.scale.to(flat.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        if flat.dtype == self.scale.dtype and flat.device.type == "cpu" and flat.shape[0] <= self.kernel_rows:
-            y = self.kernel(flat)
-        else:
-            y = self.gemm(flat)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features)
 
-
-class Int4Linear(nn.Module):
+class Int4Linear(WeightOnlyLinear):
     """y = x @ w4.T (+ bias): w = (q − 8)·scale + zero per group of `GROUP` input channels, q in 0..15."""
 
+    KIND = "int4"
     GROUP = 32
 
     def __init__(self, linear: nn.Linear, probe: bool = True) -> None:
@@ -135,8 +167,10 @@ class Int4Linear(nn.Module):
         self.unpacked = q.to(torch.uint8)
         # [k/g, n, 2]: (scale, zero) as torch's kernel takes them; zero = low + 8·scale since q is offset by 8
         sz = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(linear.weight.dtype)
-        self.source = kernel_source("int4", linear.weight.dtype, linear.weight.device)
-        if self.source == "specbench":  # its buffers: what its kernel streams (w = q·scale + low per group)
+        self.in_features, self.out_features = k, n
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        if kernel_source(self.KIND, sz.dtype, linear.weight.device) == "specbench":
+            # its buffers: what its kernel streams (w = q·scale + low per group)
             self.register_buffer("nibbles", cpu_matvec.pack_nibbles(self.unpacked))
             self.register_buffer("group_scale", scale.contiguous())
             self.register_buffer("group_low", low.contiguous())
@@ -144,14 +178,11 @@ class Int4Linear(nn.Module):
         else:
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
             self.register_buffer("scales_zeros", sz)  # the activations' dtype: no cast per call
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
-        self.in_features, self.out_features = k, n
-        # Like Int8Linear: the kernel's cost grows with the rows, a dequantized GEMM's does not.
-        self.kernel_rows = (
-            kernel_rows("int4", n, k, sz.dtype, linear.weight.device)
-            if probe
-            else (max(PROBE_ROWS) if self.source else 0)
-        )
+        self._pick_kernel(linear.weight.device, probe)
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        return self.scales_zeros.dtype
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight [out, in] the kernel multiplies by, in `dtype`."""
@@ -169,19 +200,8 @@ class Int4Linear(nn.Module):
     def gemm(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(flat, self.dequantized(flat.dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        if flat.dtype == self.scales_zeros.dtype and flat.device.type == "cpu" and flat.shape[0] <= self.kernel_rows:
-            y = self.kernel(flat)
-        else:
-            y = self.gemm(flat)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features)
 
-
-WEIGHT_ONLY_LAYERS: dict[str, type[nn.Module]] = {"int8": Int8Linear, "int4": Int4Linear}  # by weight format
+WEIGHT_ONLY_LAYERS: dict[str, type[WeightOnlyLinear]] = {cls.KIND: cls for cls in (Int8Linear, Int4Linear)}
 
 
 def _quantize(model: nn.Module, body: str, head: str, vocab: tuple[int, ...] | None) -> nn.Module:
@@ -230,13 +250,13 @@ def quantize_w4a16_cached(model: nn.Module, vocab: tuple[int, ...] | None = None
 
 def kernel_choices(model: nn.Module) -> dict[str, int]:
     """Per quantized weight shape, the rows up to which its layers use their kernel (for job records)."""
-    kinds = {layer: name for name, layer in WEIGHT_ONLY_LAYERS.items()}
-    return {
-        f"{kinds[type(m)]} {m.out_features}x{m.in_features}": m.kernel_rows for m in model.modules() if type(m) in kinds
-    }
+    return {f"{m.KIND} {m.out_features}x{m.in_features}": m.kernel_rows for m in _weight_only(model)}
 
 
 def kernel_sources(model: nn.Module) -> dict[str, str | None]:
     """Per weight format in `model`, whose kernel its layers run: 'specbench', 'torch' or None (for job records)."""
-    kinds = {layer: name for name, layer in WEIGHT_ONLY_LAYERS.items()}
-    return {kinds[type(m)]: m.source for m in model.modules() if type(m) in kinds}
+    return {m.KIND: m.source for m in _weight_only(model)}
+
+
+def _weight_only(model: nn.Module) -> list[WeightOnlyLinear]:
+    return [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
