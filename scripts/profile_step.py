@@ -2,6 +2,7 @@
 
     python scripts/profile_step.py [--model draft|target] [--draft w4a16] [--k 1] [--threads 2] [--steps 64]
                                    [--prompt-tokens 300] [--capacity N] [--concat-linears as-tagged|on|off]
+                                   [--dtype bfloat16] [--compile-mode max-autotune]
 
 Compiles the embedded target's (or a draft's) forward at k tokens with inductor's per-kernel
 records on (`cpp.enable_kernel_profile`), prefills a prompt, then profiles `--steps` forwards of
@@ -38,6 +39,8 @@ def main() -> None:
         "--capacity", type=int, default=None, help="KV columns per row (default: just what the prompt and steps need)"
     )
     ap.add_argument("--rows", type=int, default=25, help="kernels listed")
+    ap.add_argument("--dtype", default="bfloat16", help="pair.dtype (float32 puts W8A16/W4A16 on specbench's kernels)")
+    ap.add_argument("--compile-mode", default="max-autotune", help="inductor mode (the bench's AVX2 runs use default)")
     ap.add_argument(
         "--concat-linears",
         choices=("as-tagged", "on", "off"),
@@ -48,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     inductor.cpp.enable_kernel_profile = True
 
-    pair = load_pair(PairConfig(dtype="bfloat16"), DraftConfig(kind=args.draft))
+    pair = load_pair(PairConfig(dtype=args.dtype), DraftConfig(kind=args.draft))
     model = pair.draft_model if args.model == "draft" else pair.target
     if model is None:
         raise SystemExit(f"--draft {args.draft!r} has no model to profile; use --model target or a model draft")
@@ -57,7 +60,7 @@ def main() -> None:
     need = args.prompt_tokens + args.k * (args.steps + 21) + 1
     if args.capacity is not None and args.capacity < need:
         raise SystemExit(f"--capacity {args.capacity}: the prompt and steps need {need} columns")
-    fast = ForwardPath("compiled", "max-autotune", args.capacity or need)
+    fast = ForwardPath("compiled", args.compile_mode, args.capacity or need)
     print(f"compile seconds: {fast.warm_up(model, 1, [args.k]):.1f}", flush=True)
     lm = fast.lm(model)
     x = torch.zeros(1, args.k, dtype=torch.long)

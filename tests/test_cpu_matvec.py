@@ -172,3 +172,61 @@ def test_a_float32_draft_on_these_kernels_is_lossless(kind, path, prompts):
     for row, prompt in enumerate(prompts):
         assert result.tokens[row] == hf_greedy(target, prompt, 20), f"row {row}"
     assert sum(r.accepted for r in result.rounds) > 0  # the draft still proposes the target's tokens
+
+
+class SharedInputs(torch.nn.Module):
+    """Three calls of one op on x (as q/k/v) and one on y: the fusion pass's case and a call it must keep."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        for i, n in enumerate((64, 32, 32, 48)):
+            if kind == "int8":
+                _, weight, scale = int8_case(1, n, 96, seed=i)
+                parts = {"weight": weight, "scale": scale}
+            else:
+                _, q, scale, low = int4_case(1, n, 96, seed=i)
+                parts = {"nibbles": cpu_matvec.pack_nibbles(q), "scale": scale, "low": low}
+            for name, t in parts.items():
+                self.register_buffer(f"{name}{i}", t)
+
+    def call(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        if self.kind == "int8":
+            return cpu_matvec.int8_matvec(x, getattr(self, f"weight{i}"), getattr(self, f"scale{i}"))
+        parts = (getattr(self, f"{name}{i}") for name in ("nibbles", "scale", "low"))
+        return cpu_matvec.int4_matvec(x, *parts)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.call(x, 0), self.call(x, 1) * 2, self.call(x, 2), self.call(y, 3)
+
+
+def matvec_nodes(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and "specbench" in str(n.target))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_fusion_pass_makes_one_call_per_shared_input_with_the_same_result(kind):
+    from specbench.models.matvec_fusion import fuse_shared_inputs
+
+    gm = torch.fx.symbolic_trace(SharedInputs(kind))
+    x, y = torch.randn(3, 96), torch.randn(3, 96)
+    before = gm(x, y)
+    assert matvec_nodes(gm) == 4
+    assert fuse_shared_inputs(gm.graph) == 2
+    gm.recompile()
+    assert matvec_nodes(gm) == 2  # x's three calls as one; y's alone
+    after = gm(x, y)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))  # each output row is computed as before
+
+
+def test_a_compiled_draft_runs_q_k_v_and_gate_up_as_one_call_each():
+    from torch._dynamo.utils import counters
+
+    layers = 3
+    model = quantize_w4a16(tiny_llama(5, layers=layers, dtype=torch.float32), head="int8")
+    fast = ForwardPath("compiled", "default", 32)
+    before = counters["specbench"]["fused_matvec_calls"]
+    with torch._inductor.config.patch(fx_graph_cache=False):  # a cache hit would skip the pass
+        fast.warm_up(model, 1, [1])
+    # per layer q/k/v (3 calls → 1) and gate/up (2 → 1): 3 calls fewer
+    assert counters["specbench"]["fused_matvec_calls"] - before == 3 * layers

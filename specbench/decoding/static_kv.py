@@ -31,6 +31,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from specbench.decoding.attention import GROUPED, symbolic_columns
 from specbench.decoding.kvcache import attention_windows, check_prefill_source
 from specbench.decoding.timing import to_device, to_host
+from specbench.models.matvec_fusion import FUSION_PASS
 
 ADDITIVE_MASKS = ("eager", GROUPED)  # attention implementations that add their mask to the scores
 VISIBLE_STEP = 64  # a forward attends to its rows' columns rounded up to this (not to the whole capacity)
@@ -339,7 +340,8 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     per compile (a model tags itself `config.specbench_concat_linears`): on CPU, linears that share
     an input (q/k/v, gate/up) run as one GEMM. It paid for int4 weights (a W4A16 draft step 6.56 →
     6.04 ms), cost int8's (7.9 → 9.2 ms) and was even for bf16 (AMX Xeon, 2 threads,
-    scripts/profile_step.py --concat-linears off / on), so only W4A16 copies ask for it.
+    scripts/profile_step.py --concat-linears off / on), so only W4A16 copies ask for it. specbench's own
+    weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`, for every model.
     """
     import torch._inductor.config as inductor
 
@@ -350,6 +352,9 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     # column inside the fused attention reduction: 104 us a layer, a third of a 9.2 ms W4A16 draft step
     # (AMX Xeon, 2 threads; scripts/profile_step.py). Realizing producers past 10 ops stores q once: 45 us.
     inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
+    # specbench's weight-only ops on one input (q/k/v, gate/up) run as one call (`matvec_fusion`)
+    if inductor.post_grad_custom_pre_pass is None:
+        inductor.post_grad_custom_pre_pass = FUSION_PASS
     if device.type != "cpu":
         return torch.compile(step, mode=mode, dynamic=False)
     if mode == "max-autotune":

@@ -1,0 +1,104 @@
+"""One call of specbench's weight-only kernels per shared input: q/k/v, and gate/up, as one op each.
+
+A decode step calls `cpu_matvec`'s ops 7 times a layer; 3 of them (q, k, v) read the same input, and
+2 (gate, up) another. Each call costs a dispatch from inductor's wrapper, a fork/join of the threads and
+the ramp of a fresh weight stream, which a small k/v projection (83 KB in int4) never outruns. This
+inductor post-grad pass (torch's custom-pass hook, `torch._inductor.config.post_grad_custom_pre_pass`)
+rewrites such calls into one over the concatenated weights plus a split. It runs after freezing, when the
+weights are graph constants, so the concatenation is made once per compile; the model is untouched and
+the eager path keeps its separate calls.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import defaultdict
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+NAMESPACE = "specbench"  # the ops `cpu_matvec` registers: every tensor after x is a weight [N, ...] part
+
+
+def _is_matvec(node: torch.fx.Node) -> bool:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverloadPacket):  # a traced call names the packet, inductor's the overload
+        target = target.default
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace == NAMESPACE
+        and all(isinstance(a, torch.fx.Node) and a.op == "get_attr" for a in node.args[1:])
+    )
+
+
+def fuse_shared_inputs(graph: torch.fx.Graph) -> int:
+    """Rewrite each group of same-op calls on one input node into one call and a split; returns the
+    number of calls removed (also counted in torch._dynamo.utils.counters["specbench"])."""
+    gm = graph.owning_module
+    groups: dict[tuple, list[torch.fx.Node]] = defaultdict(list)
+    for node in graph.nodes:
+        if _is_matvec(node):
+            groups[(node.target, node.args[0])].append(node)
+    removed = 0
+    for (op, x), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        parts = [[getattr(gm, a.target) for a in node.args[1:]] for node in nodes]
+        sizes = [p[0].shape[0] for p in parts]  # output features per call
+        first = nodes[0]
+        with graph.inserting_before(first):
+            weights = []
+            for i, pieces in enumerate(zip(*parts)):
+                name = f"{first.args[1 + i].target}_fused"
+                gm.register_buffer(name, torch.cat(pieces, 0).contiguous())
+                weights.append(graph.get_attr(name))
+            call = graph.call_function(op, (x, *weights))
+            split = graph.call_function(torch.ops.aten.split_with_sizes.default, (call, sizes, 1))
+            outs = [graph.call_function(operator.getitem, (split, i)) for i in range(len(nodes))]
+        if "val" in x.meta:  # inductor's later passes read the nodes' fake values
+            _set_fake_values(gm, x, weights, call, split, outs, sizes)
+        for node, out in zip(nodes, outs):
+            separate = node.args[1:]
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+            for weight in separate:
+                if not weight.users:
+                    graph.erase_node(weight)
+        removed += len(nodes) - 1
+    if removed:
+        counters["specbench"]["fused_matvec_calls"] += removed
+    return removed
+
+
+def _set_fake_values(
+    gm: torch.fx.GraphModule,
+    x: torch.fx.Node,
+    weights: list[torch.fx.Node],
+    call: torch.fx.Node,
+    split: torch.fx.Node,
+    outs: list[torch.fx.Node],
+    sizes: list[int],
+) -> None:
+    fake_mode = torch._guards.detect_fake_mode([x.meta["val"]])
+    with fake_mode:
+        for node in weights:
+            node.meta["val"] = fake_mode.from_tensor(getattr(gm, node.target))
+        call.meta["val"] = call.target(x.meta["val"], *(w.meta["val"] for w in weights))
+        split.meta["val"] = torch.ops.aten.split_with_sizes.default(call.meta["val"], sizes, 1)
+        for i, out in enumerate(outs):
+            out.meta["val"] = split.meta["val"][i]
+
+
+class FuseSharedInputs(CustomGraphPass):
+    """`fuse_shared_inputs` as inductor's custom pass; its uuid (this file's hash) keys inductor's cache."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        fuse_shared_inputs(graph)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((__file__,))
+
+
+FUSION_PASS = FuseSharedInputs()
