@@ -230,3 +230,27 @@ def test_a_compiled_draft_runs_q_k_v_and_gate_up_as_one_call_each():
         fast.warm_up(model, 1, [1])
     # per layer q/k/v (3 calls → 1) and gate/up (2 → 1): 3 calls fewer
     assert counters["specbench"]["fused_matvec_calls"] - before == 3 * layers
+
+
+def test_a_call_where_the_kernels_are_off_says_so_rather_than_a_missing_attribute():
+    code = (
+        "import torch; from specbench.models import cpu_matvec\n"
+        "try:\n"
+        "    cpu_matvec.int8_matvec(torch.randn(1, 32), torch.zeros(4, 32, dtype=torch.int8), torch.ones(4))\n"
+        "except RuntimeError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, cpu_matvec.SWITCH_ENV: "0", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "int8_matvec" in out.stdout and f"{cpu_matvec.SWITCH_ENV}='0'" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_ops_build_on_first_call_without_available_first():
+    code = (
+        "import torch; from specbench.models import cpu_matvec\n"
+        "print(cpu_matvec.int8_matvec(torch.ones(1, 32), torch.ones(2, 32, dtype=torch.int8), torch.ones(2)).tolist())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert out.stdout.split("\n")[0] == "[[32.0, 32.0]]", out.stdout + out.stderr

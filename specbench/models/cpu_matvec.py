@@ -26,6 +26,7 @@ SOURCE = Path(__file__).with_name("cpu_matvec.cpp")
 SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels
 REQUIRED_FLAGS = ("avx2", "fma")
 BLOCK = 32  # activation block and int4 weight group: the kernels' unit
+_loaded = False  # whether `available()` registered the ops in this process
 
 
 @functools.cache
@@ -54,7 +55,20 @@ def available() -> bool:
         return False
     torch.library.register_fake("specbench::int8_matvec")(_int8_shape)
     torch.library.register_fake("specbench::int4_matvec")(_int4_shape)
+    global _loaded
+    _loaded = True
     return True
+
+
+def _ops(op: str):
+    """The registered ops, built on first use; a clear error where they cannot be (not a missing attribute)."""
+    if not _loaded and not available():
+        raise RuntimeError(
+            f"cpu_matvec.{op}: specbench's AVX2 weight-only kernels are not available in this process "
+            f"({SWITCH_ENV}={os.environ.get(SWITCH_ENV, '1')!r}; they need x86-64 with {' and '.join(REQUIRED_FLAGS)} "
+            f"and a C++ compiler); check cpu_matvec.available() first"
+        )
+    return torch.ops.specbench
 
 
 def _int8_shape(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -67,13 +81,13 @@ def _int4_shape(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low
 
 def int8_matvec(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ (weight [N, K] int8 · scale [N]).T → [M, N], x rounded to int8 per block of 32."""
-    return torch.ops.specbench.int8_matvec(x, weight, scale)
+    return _ops("int8_matvec").int8_matvec(x, weight, scale)
 
 
 def int4_matvec(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ w.T → [M, N], w[n, k] = q[n, k] · scale[n, k/32] + low[n, k/32] with q packed by
     `pack_nibbles`; x rounded to int8 per block of 32."""
-    return torch.ops.specbench.int4_matvec(x, nibbles, scale, low)
+    return _ops("int4_matvec").int4_matvec(x, nibbles, scale, low)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
