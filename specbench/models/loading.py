@@ -21,7 +21,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.config import DTYPES as DTYPE_NAMES
-from specbench.models.kernels import CpuLinear, interleaved_medians, prepack_supported
+from specbench.models.kernels import CpuLinear, clearly_faster, interleaved_medians, prepack_supported
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -58,7 +58,6 @@ def auto_dtype(device: str, draft_weights: str | None = None, cpu_linear: str = 
 
 
 PROBE_GAMMA = 4  # draft steps per probed round: fixed, so every job of a gamma sweep picks alike
-DTYPE_MARGIN = 0.9  # fp32 is chosen only when its probed round is under this share of bf16's
 PROBE_SHAPE = (1536, 576)  # SmolLM2-135M's MLP weights [out, in]; 24 copies stream from memory
 
 
@@ -67,7 +66,7 @@ def fastest_cpu_dtype(
     draft_weights: str | None = None, cpu_linear: str = "tuned", repeats: int = 7
 ) -> tuple[str, dict[str, dict[str, float]]]:
     """('bfloat16' | 'float32', per dtype the median seconds of a decode step's matvecs: {'target': ..,
-    'draft': .., 'round': target + PROBE_GAMMA x draft}); fp32 wins only by `DTYPE_MARGIN` (`pick_dtype`).
+    'draft': .., 'round': target + PROBE_GAMMA x draft}); fp32 wins only by more than a near-tie (`pick_dtype`).
 
     Timed in the kernels a job runs, interleaved, once per process and setting: the target's matvecs
     in bf16 as `CpuLinear` runs them (the faster of ATen's gemv and the prepacked oneDNN kernel) unless
@@ -111,12 +110,12 @@ def fastest_cpu_dtype(
 
 
 def pick_dtype(seconds: dict[str, dict[str, float]]) -> str:
-    """'float32' where its probed round beats bf16's by more than `DTYPE_MARGIN`, else 'bfloat16'.
+    """'float32' where its probed round beats bf16's by more than a near-tie (`kernels.clearly_faster`), else 'bfloat16'.
 
     A near-tie goes to bf16: it holds half the bytes, and compiled its linears run kernels the eager probe
     does not time. With fp32 drafts on specbench's kernels the two rounds came within 1-2% on the AMX
     Xeon for W4A16, and a strict comparison picked either dtype from one process to the next."""
-    return "float32" if seconds["float32"]["round"] < DTYPE_MARGIN * seconds["bfloat16"]["round"] else "bfloat16"
+    return "float32" if clearly_faster(seconds["float32"]["round"], seconds["bfloat16"]["round"]) else "bfloat16"
 
 
 def embedded_gguf() -> Path:
