@@ -84,7 +84,7 @@ def decode(
         device=device,
         cpu_linear=cpu_linear,
     )
-    draft = resolve_kind(draft, device)
+    draft = resolve_kind(draft, device, dtype=dtype)
     # validates against DRAFT_KINDS
     draft_cfg = DraftConfig(kind=draft, vocab_top=draft_vocab_top, target_prompt_kv=draft_target_prompt_kv)
     forward_cfg = ForwardConfig(path=forward)  # validates the path

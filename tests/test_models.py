@@ -79,6 +79,19 @@ def test_auto_draft_is_the_measured_default_for_the_cpu_class(monkeypatch, capab
     assert Config(draft=DraftConfig(kind="w4a16"), decoder=decoder).draft.kind == "w4a16"  # named: kept
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_auto_draft_on_avx2_with_half_weights_forced_is_ngram(monkeypatch, dtype):
+    """Forced half weights on AVX2 run torch's weight-only kernels, not specbench's fp32 ones: there the
+    measured default is n-gram lookup (W8A16 where a model is needed), not the fp32 kernels' w4a16h8."""
+    from specbench.config import PairConfig
+
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert Config(pair=PairConfig(dtype=dtype)).draft.kind == "ngram"
+    assert Config(pair=PairConfig(dtype=dtype), decoder="hf_assisted").draft.kind == "w8a16"
+    assert Config(pair=PairConfig(dtype="float32")).draft.kind == "w4a16h8"  # fp32 and auto: the kernels' answer
+    assert Config(pair=PairConfig(dtype="auto")).draft.kind == "w4a16h8"
+
+
 def test_auto_draft_on_gpu_does_not_read_the_cpu():
     from specbench.models.draft_kinds import DEFAULT_DRAFTS, resolve_kind
 

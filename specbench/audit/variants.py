@@ -30,8 +30,7 @@ import torch
 
 from specbench.decoding.acceptance import Acceptance, acceptance_probability, rejection_sample, residual
 from specbench.decoding.drafts import Draft, ModelDraft
-from specbench.decoding.kvcache import feed_suffix
-from specbench.decoding.sampling import TokenContext, process_logits, sample
+from specbench.decoding.sampling import TokenContext, sample
 
 
 def _passed(draft_tokens, q, p, generator, uniforms) -> torch.Tensor:
@@ -86,18 +85,8 @@ class RawLogitsQDraft(ModelDraft):
     """BROKEN (b): drafts are sampled from the processed q, but the returned q is softmax of the
     raw logits, so temperature / top-k / top-p are not folded into the acceptance test."""
 
-    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
-        logits = feed_suffix(self.lm, seqs)[:, -1]
-        drafts, qs = [], []
-        for i in range(gamma):
-            token = sample(process_logits(logits, sampling, context), generator)
-            drafts.append(token)
-            qs.append(logits.float().softmax(-1))  # the bug: unprocessed distribution
-            if i + 1 < gamma:
-                logits = self.lm.feed(token[:, None])[:, -1]
-                context = None if context is None else context.append(token)
-        self._gamma = gamma
-        return torch.stack(drafts, 1), torch.stack(qs, 1) if with_q else None
+    def reported_q(self, q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return logits.float().softmax(-1)  # the bug: the unprocessed distribution
 
 
 class CommittedOnlyContext(TokenContext):

@@ -86,7 +86,9 @@ class Config:
 
     def __post_init__(self) -> None:
         if self.draft.kind == AUTO:
-            self.draft.kind = resolve_kind(AUTO, self.pair.device, needs_model=HF_ASSISTED in self.all_decoders)
+            self.draft.kind = resolve_kind(
+                AUTO, self.pair.device, needs_model=HF_ASSISTED in self.all_decoders, dtype=self.pair.dtype
+            )
             self.draft.__post_init__()
         choice("decoder", self.decoder, SPECULATIVE_DECODERS)
         for name in self.extra_decoders:

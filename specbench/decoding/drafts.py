@@ -96,7 +96,7 @@ class ModelDraft:
             if with_q:
                 q = process_logits(logits, sampling, context)  # [B, V]
                 token = sample(q, generator, certain=sampling.greedy)  # [B]
-                qs.append(q)
+                qs.append(self.reported_q(q, logits))
             else:  # the same token, without a [B, V] distribution per step
                 token = next_tokens(logits, sampling, context, generator)  # [B]
             drafts.append(token)
@@ -105,6 +105,11 @@ class ModelDraft:
                 context = None if context is None else context.append(token)
         self._gamma = gamma
         return torch.stack(drafts, 1), torch.stack(qs, 1) if with_q else None
+
+    def reported_q(self, q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The q [B, V] handed to the acceptance test for a draft sampled from `q`: `q` itself. (The one
+        seam the lossless audit's `raw_q` variant overrides, so it differs from this draft in that alone.)"""
+        return q
 
     def commit(self, accepted: torch.Tensor, accepted_host: list[int] | None = None) -> None:
         fed = self._gamma - 1  # drafts 1..gamma-1 went through the cache

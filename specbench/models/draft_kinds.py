@@ -61,20 +61,31 @@ DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     # both self-drafts 1.44-1.55x the fast baseline (CIs above 1.2) in two runs, n-gram 0.94-1.11x (CIs span 1);
     # w4a16h8 / W8A16 1.03-1.14x per prompt, never separated, first as on AMX
     "avx2": ("w4a16h8", "w8a16", "ngram", "w4a16"),
+    # AVX2 with bf16 forced (pair.dtype=bfloat16): the self-drafts run torch's kernels, which do not beat the
+    # bf16 gemv there (int8 0.56-0.85x, int4 0.93-1.22x per layer: weight_only_kernels/, cpu_linear_avx2_only/)
+    "avx2_bf16": ("ngram", "w8a16"),
     "other": ("ngram", "w8a16"),  # no vector kernels to speak of: no model draft can be cheap
     "cuda": ("w8a16", "ngram"),
 }
 
 
-def resolve_kind(kind: str, device: str, needs_model: bool = False) -> str:
+def resolve_kind(kind: str, device: str, needs_model: bool = False, dtype: str = "auto") -> str:
     """`kind`, or for `auto` the best default draft kind on `device` ('cpu', 'cuda', 'cuda:N') of this
-    machine: with `needs_model` (transformers' assisted generation drives the draft) the best with a model."""
+    machine and the pair's `dtype` (a forced half dtype keeps AVX2 drafts off specbench's fp32 kernels):
+    with `needs_model` (transformers' assisted generation drives the draft) the best with a model."""
     if kind != AUTO:
         return kind
     from specbench.bench.envinfo import cpu_class
 
-    ranked = DEFAULT_DRAFTS["cuda" if str(device).startswith("cuda") else cpu_class()]
+    ranked = DEFAULT_DRAFTS[draft_class(device, dtype, cpu_class())]
     return next(k for k in ranked if DRAFT_KINDS.get(k).has_model or not needs_model)
+
+
+def draft_class(device: str, dtype: str, cpu: str) -> str:
+    """The `DEFAULT_DRAFTS` key for a job: the device class, or 'avx2_bf16' for half weights on an AVX2 CPU."""
+    if str(device).startswith("cuda"):
+        return "cuda"
+    return "avx2_bf16" if cpu == "avx2" and dtype in ("bfloat16", "float16") else cpu
 
 
 def _model_draft(pair: Pair) -> Draft:

@@ -70,7 +70,7 @@ def _load_config(m: ModelConfig, pair: PairConfig, field: str):
 def load_pair(pair: PairConfig, draft: DraftConfig) -> Pair:
     """Load (or reuse) the models; checks that target and draft share tokenizer and vocabulary."""
     if draft.kind == AUTO:
-        draft = dataclasses.replace(draft, kind=resolve_kind(AUTO, pair.device))
+        draft = dataclasses.replace(draft, kind=resolve_kind(AUTO, pair.device, dtype=pair.dtype))
     kind = DRAFT_KINDS.get(draft.kind, "draft.kind")
     if pair.dtype == "auto":  # resolved before loading, with the draft's kernels: one cached load per dtype
         pair = dataclasses.replace(pair, dtype=auto_dtype(pair.device, kind.weights, pair.cpu_linear))
