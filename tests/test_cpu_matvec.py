@@ -51,8 +51,10 @@ def test_int8_matvec_is_the_block_quantized_product(rows, n, k):
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-@pytest.mark.parametrize("rows,n,k", [(1, 37, 64), (3, 96, 96), (8, 200, 576)])
+@pytest.mark.parametrize("rows,n,k", [(1, 37, 64), (3, 96, 96), (8, 200, 576), (2, 50, 160), (1, 20, 224)])
 def test_int4_matvec_is_the_block_quantized_product(rows, n, k):
+    # 2, 3, 18, 5 and 7 blocks: one pair, a pair and an odd block, the 4-block loop with and without a
+    # pair or an odd block after it
     x, q, scale, low = int4_case(rows, n, k)
     expected = cpu_matvec.quantize_blocks(x) @ int4_weight(q, scale, low).T
     got = cpu_matvec.int4_matvec(x, cpu_matvec.pack_nibbles(q), scale, low)
@@ -71,12 +73,24 @@ def test_block_quantization_is_exact_where_x_is_already_on_the_grid():
     torch.testing.assert_close(cpu_matvec.int8_matvec(x, weight, scale).double(), expected, rtol=1e-6, atol=1e-4)
 
 
-def test_pack_nibbles_puts_a_blocks_second_half_in_the_high_nibbles():
-    q = torch.arange(64, dtype=torch.uint8).remainder(16).reshape(1, 64)
+def test_pack_nibbles_interleaves_block_pairs_and_keeps_an_odd_block_plain():
+    q = torch.arange(96, dtype=torch.uint8).remainder(16).reshape(1, 96)
+    q = q ^ torch.arange(96, dtype=torch.uint8).div(16, rounding_mode="floor").reshape(1, 96)  # no two halves alike
     packed = cpu_matvec.pack_nibbles(q)
-    assert packed.shape == (1, 32) and packed.dtype == torch.uint8
-    assert packed[0, 0].item() == q[0, 0] | (q[0, 16] << 4)
-    assert packed[0, 16].item() == q[0, 32] | (q[0, 48] << 4)
+    assert packed.shape == (1, 48) and packed.dtype == torch.uint8
+
+    def byte(lo: int) -> int:  # slot `lo` of a block: q[lo] low, q[lo + 16] high
+        return int(q[0, lo] | (q[0, lo + 16] << 4))
+
+    # blocks 0 and 1: 4-byte groups alternate between them (block 0's slots 0-3, block 1's 0-3, block 0's 4-7, ...)
+    assert [int(v) for v in packed[0, :12]] == [
+        *(byte(s) for s in range(4)),
+        *(byte(32 + s) for s in range(4)),
+        *(byte(4 + s) for s in range(4)),
+    ]
+    assert int(packed[0, 31]) == byte(32 + 15)
+    # block 2, the odd last one: plain, byte i holds q[64 + i] and q[80 + i]
+    assert [int(v) for v in packed[0, 32:]] == [byte(64 + i) for i in range(16)]
 
 
 def test_zero_rows_give_zeros_not_nan():

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -136,8 +137,31 @@ at::Tensor int8_matvec(const at::Tensor& x, const at::Tensor& weight, const at::
   return y;
 }
 
+// x's int8 blocks in the order the int4 kernel reads them: per pair of blocks (b, b + 1), 64 bytes: first the
+// bytes that meet the low nibbles, then those that meet the high ones, in 4-byte groups alternating between the
+// two blocks (b's 0-3, b+1's 0-3, b's 4-7, ...); an odd last block stays as it is. `pack_nibbles` lays the
+// weights out the same way, so one maddubs covers two blocks with no permute, and the madd's 8 lanes alternate
+// b, b + 1: their two scales are one 8-byte broadcast.
+std::vector<int8_t> pair_order(const std::vector<int8_t>& q, int64_t rows, int64_t k) {
+  std::vector<int8_t> out(q.size());
+  const int64_t blocks = k / BLOCK;
+  for (int64_t m = 0; m < rows; ++m) {
+    const int8_t* src = q.data() + m * k;
+    int8_t* dst = out.data() + m * k;
+    int64_t b = 0;
+    for (; b + 1 < blocks; b += 2, src += 2 * BLOCK, dst += 2 * BLOCK)
+      for (int half = 0; half < 2; ++half)      // low nibbles' x, then high nibbles'
+        for (int g = 0; g < 4; ++g)             // 4-byte group within the half block
+          for (int c = 0; c < 2; ++c)           // block b, then b + 1
+            std::memcpy(dst + 32 * half + 8 * g + 4 * c, src + BLOCK * c + 16 * half + 4 * g, 4);
+    if (b < blocks) std::memcpy(dst, src, BLOCK);
+  }
+  return out;
+}
+
 // y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k / 32] + low[n, k / 32]), q in 0..15. nibbles uint8
-// [N, K / 2]: byte 16 b + i of a row holds q[32 b + i] (low nibble) and q[32 b + 16 + i] (high nibble).
+// [N, K / 2] in `pack_nibbles`' order (per pair of blocks as `pair_order`; an odd last block: byte i holds q[i]
+// low and q[16 + i] high).
 at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& scale, const at::Tensor& low) {
   const int64_t rows = x.size(0), n_out = nibbles.size(0), k = nibbles.size(1) * 2, blocks = k / BLOCK;
   check_x(x, k, "specbench::int4_matvec");
@@ -148,6 +172,7 @@ at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& nibbles, const at:
                     t->size(1) == blocks,
                 "specbench::int4_matvec: scale and low must be contiguous float32 [N, K/32]");
   const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), rows, k);
+  const std::vector<int8_t> xo = pair_order(xq.q, rows, k);
   std::vector<float> x_low(rows * blocks);  // x's block scale times its block sum: what a group's low end adds
   for (int64_t i = 0; i < rows * blocks; ++i) x_low[i] = xq.scale[i] * xq.sum[i];
   auto y = at::empty({rows, n_out}, x.options());
@@ -158,13 +183,13 @@ at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& nibbles, const at:
   float* out = y.data_ptr<float>();
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0F);
   at::parallel_for(0, n_out, GRAIN, [&](int64_t begin, int64_t end) {
-    std::vector<float> d(blocks);  // per block: x's scale times the weight group's
+    std::vector<float> d(blocks + 1);  // per block: x's scale times the weight group's
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* row = w + n * (k / 2);
       const float* row_scale = sc + n * blocks;
       const float* row_low = lo + n * blocks;
       for (int64_t m = 0; m < rows; ++m) {
-        const int8_t* xr = xq.q.data() + m * k;
+        const int8_t* xr = xo.data() + m * k;
         const float* xs = xq.scale.data() + m * blocks;
         const float* xl = x_low.data() + m * blocks;
         // the groups' low ends: sum_b low[n, b] * x_low[b], 8 groups a step, out of the nibble loop
@@ -179,17 +204,27 @@ at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& nibbles, const at:
           d[b] = xs[b] * row_scale[b];
           offset += row_low[b] * xl[b];
         }
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        for (b = 0; b + 1 < blocks; b += 2) {
-          if (m == 0 && (b & 3) == 0) prefetch(row + b * BLOCK / 2 + PREFETCH_BYTES, w_end);
-          // 32 bytes: blocks b and b + 1, 16 each; per byte the low nibble is q[i], the high q[16 + i]
+        // 32 bytes: blocks b and b + 1; 8 int32 lanes alternating b, b + 1, scaled by (d[b], d[b + 1]) repeated
+        auto pair_fma = [&](int64_t b, __m256 acc) {
           const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * BLOCK / 2));
           const __m256i low4 = _mm256_and_si256(packed, mask);
           const __m256i high4 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-          const __m256i q0 = _mm256_permute2x128_si256(low4, high4, 0x20);
-          const __m256i q1 = _mm256_permute2x128_si256(low4, high4, 0x31);
-          acc0 = _mm256_fmadd_ps(int4_block_dot(q0, xr + b * BLOCK, ones), _mm256_broadcast_ss(d.data() + b), acc0);
-          acc1 = _mm256_fmadd_ps(int4_block_dot(q1, xr + (b + 1) * BLOCK, ones), _mm256_broadcast_ss(d.data() + b + 1), acc1);
+          const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * BLOCK));
+          const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * BLOCK + 32));
+          // int16 sums of 4 products of 0..15 by -127..127: at most 7620, no saturation
+          const __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(low4, xa), _mm256_maddubs_epi16(high4, xb));
+          return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones)),
+                                 _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(d.data() + b))), acc);
+        };
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (b = 0; b + 3 < blocks; b += 4) {
+          if (m == 0) prefetch(row + b * BLOCK / 2 + PREFETCH_BYTES, w_end);
+          acc0 = pair_fma(b, acc0);
+          acc1 = pair_fma(b + 2, acc1);
+        }
+        if (b + 1 < blocks) {
+          acc0 = pair_fma(b, acc0);
+          b += 2;
         }
         if (b < blocks) {
           const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * BLOCK / 2));

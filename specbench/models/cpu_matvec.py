@@ -91,10 +91,18 @@ def int4_matvec(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """q [N, K] in 0..15 → uint8 [N, K/2]: per block of 32, byte i holds q[i] (low nibble) and q[16 + i]."""
+    """q [N, K] in 0..15 → uint8 [N, K/2] in the int4 kernel's order. Per pair of blocks of 32 (b, b + 1),
+    32 bytes in 4-byte groups alternating b, b + 1 (b's slots 0-3, b + 1's 0-3, b's 4-7, ...); slot s of a
+    block holds q[s] (low nibble) and q[16 + s] (high). An odd last block: byte i holds q[i] and q[16 + i].
+    So one AVX2 multiply covers two blocks with no lane permute, and its sums alternate between them."""
     n, k = q.shape
-    blocks = q.to(torch.uint8).reshape(n, k // BLOCK, 2, BLOCK // 2)
-    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    q = q.to(torch.uint8)
+    pairs = k // (2 * BLOCK)
+    # [N, pair, block, half, group, byte]: half 0 → low nibbles (slots 0-15), 1 → high (16-31)
+    head = q[:, : pairs * 2 * BLOCK].reshape(n, pairs, 2, 2, 4, 4)
+    packed = (head[:, :, :, 0] | (head[:, :, :, 1] << 4)).permute(0, 1, 3, 2, 4)  # [N, pair, group, block, byte]
+    tail = q[:, pairs * 2 * BLOCK :].reshape(n, -1, 2, BLOCK // 2)  # an odd last block, or nothing
+    return torch.cat([packed.reshape(n, -1), (tail[:, :, 0] | (tail[:, :, 1] << 4)).reshape(n, -1)], 1).contiguous()
 
 
 def quantize_blocks(x: torch.Tensor) -> torch.Tensor:
