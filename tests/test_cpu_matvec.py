@@ -246,6 +246,27 @@ def test_a_compiled_draft_runs_q_k_v_and_gate_up_as_one_call_each():
     assert counters["specbench"]["fused_matvec_calls"] - before == 3 * layers
 
 
+def test_a_compiled_model_with_another_models_shapes_runs_its_own_weights():
+    # The fused weights are constants the pass makes, and inductor's FX graph cache keeps them in its entry.
+    # Keyed on the code alone, the second model's compile hit the first's entry and ran the first's weights
+    # (a compiled W4A16 draft then proposed garbage: 0.4% acceptance, still lossless, the speedup gone).
+    with torch._inductor.config.patch(fx_graph_cache=True):
+        for seed in (21, 22):  # the same shapes, other weights
+            model = quantize_w4a16(tiny_llama(seed, dtype=torch.float32), head="int8")
+            for layer in model.modules():
+                if isinstance(layer, (Int8Linear, Int4Linear)):
+                    layer.kernel_rows = 64
+            logits = {}
+            for path in ("static", "compiled"):
+                lm = ForwardPath(path, "default", 64).lm(model)
+                lm.prefill([[3, 14, 15, 92, 65, 35]])
+                logits[path] = lm.feed(torch.tensor([[8]]))[:, -1]
+            # inductor's float rounding can flip a draft activation's int8 rounding: close, not bit-equal; another
+            # model's weights are nowhere near (7.9 against logits of ~10 before the fix)
+            gap = (logits["compiled"] - logits["static"]).abs().max().item()
+            assert gap <= 0.02 * logits["static"].abs().max().item(), f"seed {seed}: compiled logits {gap} away"
+
+
 def test_a_call_where_the_kernels_are_off_says_so_rather_than_a_missing_attribute():
     code = (
         "import torch; from specbench.models import cpu_matvec\n"

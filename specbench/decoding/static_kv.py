@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from specbench.decoding.attention import GROUPED, symbolic_columns
 from specbench.decoding.kvcache import attention_windows, check_prefill_source
 from specbench.decoding.timing import to_device, to_host
-from specbench.models.matvec_fusion import FUSION_PASS
+from specbench.models.matvec_fusion import FUSION_PASS, weights_fingerprint
 
 ADDITIVE_MASKS = ("eager", GROUPED)  # attention implementations that add their mask to the scores
 VISIBLE_STEP = 64  # a forward attends to its rows' columns rounded up to this (not to the whole capacity)
@@ -116,6 +116,7 @@ class StaticLM:
         self.skip_guards = True  # met shapes skip dynamo's full guard check (scripts/bench_guards.py)
         self._shapes: set[tuple[int, int]] = set()
         concat = bool(getattr(model.config, "specbench_concat_linears", False))
+        self.weights_key = weights_fingerprint(model) if self.compiled else ""  # FUSION_PASS's cache key
         self._forward = (
             compiled_forward(self._step, compile_mode, model.device, concat) if self.compiled else self._step
         )
@@ -256,6 +257,8 @@ class StaticLM:
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """The forward at tokens' shape; a forward that compiles outside warm-up is counted in `new_shapes`."""
         shape = (len(self.lengths), tokens.shape[1])
+        if self.compiled:  # any call may compile: inductor's cache entry must be this model's (`FuseSharedInputs`)
+            FUSION_PASS.weights = self.weights_key
         if shape in self._shapes:
             if not (self.compiled and self.skip_guards):
                 return self._forward(tokens, positions, columns)
