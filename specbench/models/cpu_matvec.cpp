@@ -183,7 +183,7 @@ at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& nibbles, const at:
   float* out = y.data_ptr<float>();
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0F);
   at::parallel_for(0, n_out, GRAIN, [&](int64_t begin, int64_t end) {
-    std::vector<float> d(blocks + 1);  // per block: x's scale times the weight group's
+    std::vector<float> d(blocks);  // per block: x's scale times the weight group's
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* row = w + n * (k / 2);
       const float* row_scale = sc + n * blocks;
