@@ -45,7 +45,8 @@ def main() -> None:
         "--concat-linears",
         choices=("as-tagged", "on", "off"),
         default="as-tagged",
-        help="inductor's concatenated linears (q/k/v, gate/up): as the model tags itself (W4A16 copies on), or forced",
+        help="inductor's concatenated linears (q/k/v, gate/up): as the fast path decides (static_kv.concat_linears: "
+        "W4A16 copies and fp32 models on), or forced",
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

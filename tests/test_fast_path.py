@@ -162,6 +162,17 @@ def test_compiled_w4a16_copy_fuses_its_linears_and_matches_its_static_forward(pr
     assert fast.new_shapes == 0
 
 
+def test_concatenated_linears_are_asked_for_by_a_tag_or_float32_on_cpu():
+    from specbench.decoding.static_kv import concat_linears
+
+    fp32, bf16 = tiny_llama(0, dtype=torch.float32), tiny_llama(0, dtype=torch.bfloat16)
+    assert concat_linears(fp32) and not concat_linears(bf16)  # fp32 GEMMs gained; bf16 ones were even
+    assert concat_linears(quantize_w4a16(bf16))  # a W4A16 copy tags itself
+    bf16.config.specbench_concat_linears = True
+    fp32.config.specbench_concat_linears = False
+    assert concat_linears(bf16) and not concat_linears(fp32)  # a tag wins either way
+
+
 def test_audit_passes_on_the_static_path():
     from specbench.audit import TINY_PROMPTS, AuditSettings, make_decoder, run_audit, tiny_pair
 

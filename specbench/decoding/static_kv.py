@@ -115,7 +115,7 @@ class StaticLM:
         self.new_shapes = 0  # forwards outside warm_up that met a shape warm_up had not
         self.skip_guards = True  # met shapes skip dynamo's full guard check (scripts/bench_guards.py)
         self._shapes: set[tuple[int, int]] = set()
-        concat = bool(getattr(model.config, "specbench_concat_linears", False))
+        concat = concat_linears(model)
         self.weights_key = weights_fingerprint(model) if self.compiled else ""  # FUSION_PASS's cache key
         self._forward = (
             compiled_forward(self._step, compile_mode, model.device, concat) if self.compiled else self._step
@@ -332,6 +332,18 @@ class StaticLM:
         return cache_layer.keys[slot, :, :n], cache_layer.values[slot, :, :n]
 
 
+def concat_linears(model: PreTrainedModel) -> bool:
+    """Whether a compile of `model` runs its linears that share an input (q/k/v, gate/up) as one GEMM
+    (`compiled_forward`): as the model tags itself (`config.specbench_concat_linears`: W4A16 copies), else
+    for float32 weights on CPU, where it took the fp32 target's step 26.5 → 24.9 ms at k = 1 and 35.4 → 34.1
+    ms at k = 6 (AVX2 torch kernels, 2 threads, two runs each; scripts/profile_step.py --model target
+    --dtype float32 --compile-mode default --concat-linears off / on)."""
+    tagged = getattr(model.config, "specbench_concat_linears", None)
+    if tagged is not None:
+        return bool(tagged)
+    return model.device.type == "cpu" and model.dtype == torch.float32
+
+
 def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool = False):
     """`torch.compile` of a forward with its weights frozen (prepacked once, as constants).
 
@@ -340,10 +352,10 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     inductor's "max-autotune" mode (Triton GEMMs and CUDA graphs). "default": freezing only.
     The settings are inductor's process-wide config (`torch.compile(options=...)` did not apply
     freezing here), so every later compile in the process gets them too; `concat_linears` alone is
-    per compile (a model tags itself `config.specbench_concat_linears`): on CPU, linears that share
-    an input (q/k/v, gate/up) run as one GEMM. It paid for int4 weights (a W4A16 draft step 6.56 →
-    6.04 ms), cost int8's (7.9 → 9.2 ms) and was even for bf16 (AMX Xeon, 2 threads,
-    scripts/profile_step.py --concat-linears off / on), so only W4A16 copies ask for it. specbench's own
+    per compile (`concat_linears`): on CPU, linears that share an input (q/k/v, gate/up) run as one
+    GEMM. It paid for int4 weights (a W4A16 draft step 6.56 → 6.04 ms) and fp32 ones, cost int8's
+    (7.9 → 9.2 ms) and was even for bf16 (AMX Xeon, 2 threads, scripts/profile_step.py
+    --concat-linears off / on), so W4A16 copies and fp32 models get it. specbench's own
     weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`, for every model.
     """
     import torch._inductor.config as inductor
