@@ -170,15 +170,22 @@ def test_switched_off_the_layers_use_torch_or_dequantize():
     assert out.split() == ["False", "None", "torch"]
 
 
+def on_the_kernels(model: torch.nn.Module) -> list:
+    """The model's weight-only layers, set to run their kernel at every row count the decoder feeds (the probe
+    may pick fewer)."""
+    layers = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
+    for layer in layers:
+        layer.kernel_rows = 64
+    return layers
+
+
 @pytest.mark.parametrize("path", ["eager", "compiled"])
 @pytest.mark.parametrize("kind", ["w8a16", "w4a16h8"])
 def test_a_float32_draft_on_these_kernels_is_lossless(kind, path, prompts):
     target = tiny_llama(0, dtype=torch.float32)
     model = quantize_w8a16(target) if kind == "w8a16" else quantize_w4a16(target, head="int8")
-    layers = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
+    layers = on_the_kernels(model)
     assert layers and all(m.source == "specbench" for m in layers)
-    for layer in layers:
-        layer.kernel_rows = 64  # the kernel at every row count the decoder feeds (the probe may pick fewer)
     fast = ForwardPath(path, "default", 96)
     result = speculative_decode(
         fast.lm(target), ModelDraft(model, lm=fast.lm(model), name=kind), prompts, 3, GREEDY, 20, set()
@@ -253,9 +260,7 @@ def test_a_compiled_model_with_another_models_shapes_runs_its_own_weights():
     with torch._inductor.config.patch(fx_graph_cache=True):
         for seed in (21, 22):  # the same shapes, other weights
             model = quantize_w4a16(tiny_llama(seed, dtype=torch.float32), head="int8")
-            for layer in model.modules():
-                if isinstance(layer, (Int8Linear, Int4Linear)):
-                    layer.kernel_rows = 64
+            on_the_kernels(model)
             logits = {}
             for path in ("static", "compiled"):
                 lm = ForwardPath(path, "default", 64).lm(model)

@@ -75,16 +75,17 @@ def resolve_kind(kind: str, device: str, needs_model: bool = False, dtype: str =
     with `needs_model` (transformers' assisted generation drives the draft) the best with a model."""
     if kind != AUTO:
         return kind
-    from specbench.bench.envinfo import cpu_class
-
-    ranked = DEFAULT_DRAFTS[draft_class(device, dtype, cpu_class())]
+    ranked = DEFAULT_DRAFTS[draft_class(device, dtype)]
     return next(k for k in ranked if DRAFT_KINDS.get(k).has_model or not needs_model)
 
 
-def draft_class(device: str, dtype: str, cpu: str) -> str:
-    """The `DEFAULT_DRAFTS` key for a job: the device class, or 'avx2_bf16' for half weights on an AVX2 CPU."""
+def draft_class(device: str, dtype: str) -> str:
+    """The `DEFAULT_DRAFTS` key for a job: 'cuda', this CPU's class, or 'avx2_bf16' for half weights on AVX2."""
     if str(device).startswith("cuda"):
-        return "cuda"
+        return "cuda"  # the CPU is not read
+    from specbench.bench.envinfo import cpu_class
+
+    cpu = cpu_class()
     return "avx2_bf16" if cpu == "avx2" and dtype in ("bfloat16", "float16") else cpu
 
 

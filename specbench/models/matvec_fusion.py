@@ -111,7 +111,7 @@ class FuseSharedInputs(CustomGraphPass):
 
 def weights_fingerprint(module: torch.nn.Module) -> str:
     """A content hash of a CPU module's buffers (where weight-only layers keep what the pass concatenates):
-    ~0.2 s for a 108 MB W4A16 draft, once per compiled model."""
+    0.13 s for the 108 MB `w4a16h8` draft, once per compiled model."""
     digest = hashlib.blake2b(digest_size=16)
     for name, t in module.named_buffers():
         if t.device.type != "cpu":  # the ops are CPU ops: nothing on another device is fused
