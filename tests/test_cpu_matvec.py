@@ -294,3 +294,99 @@ def test_the_ops_build_on_first_call_without_available_first():
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
     assert out.stdout.split("\n")[0] == "[[32.0, 32.0]]", out.stdout + out.stderr
+
+
+def attention_case(b: int, g: int, r: int, d: int, c: int, seed: int = 0):
+    """q [B, G·r, 1, d]; key/value the first c columns of a longer cache (views, as the fast path passes them);
+    an additive mask [B, 1, 1, C] that hides a different tail in each row (the dtype's min, as transformers masks)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, g * r, 1, d, generator=gen)
+    key, value = (torch.randn(b, g, c + 7, d, generator=gen)[:, :, :c] for _ in range(2))
+    mask = torch.zeros(b, 1, 1, c)
+    for row in range(b):
+        mask[row, ..., max(1, c - 3 * row) :] = torch.finfo(torch.float32).min
+    return q, key, value, mask
+
+
+def attention_reference(q, key, value, mask, scale):
+    """[B, 1, H, d] in float64: query head h attends with key/value head h // r (transformers' order)."""
+    r = q.shape[1] // key.shape[1]
+    key, value = (x.double().repeat_interleave(r, 1) for x in (key, value))  # [B, H, C, d]
+    scores = q.double() @ key.transpose(2, 3) * scale  # [B, H, 1, C]
+    if mask is not None:
+        scores = scores + mask.double()
+    return (scores.softmax(-1) @ value).transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    "b,g,r,d,c,masked",
+    [
+        (1, 3, 3, 64, 320, True),
+        (2, 2, 1, 32, 5, True),
+        (2, 1, 4, 128, 131, False),
+        (1, 3, 3, 64, 1, False),
+        (3, 2, 2, 8, 9, True),
+    ],
+)
+def test_one_query_attention_is_softmax_attention(b, g, r, d, c, masked):
+    q, key, value, mask = attention_case(b, g, r, d, c)
+    mask = mask if masked else None
+    got = cpu_matvec.one_query_attention(q, key, value, mask, d**-0.5)
+    torch.testing.assert_close(got.double(), attention_reference(q, key, value, mask, d**-0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_one_query_attention_is_the_same_on_any_thread_count_any_layout_and_compiled():
+    q, key, value, mask = attention_case(2, 3, 3, 64, 70)
+    # a key with its head dim strided and a mask with its columns strided: copied, the same result
+    key_t, mask_t = key.transpose(2, 3).contiguous().transpose(2, 3), torch.stack([mask, mask], -1)[..., 0]
+    assert key_t.stride(3) != 1 and mask_t.stride(3) != 1
+    torch.testing.assert_close(
+        cpu_matvec.one_query_attention(q, key_t, value, mask_t, 0.125),
+        cpu_matvec.one_query_attention(q, key, value, mask, 0.125),
+    )
+    before = torch.get_num_threads()
+    try:
+        out = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append(cpu_matvec.one_query_attention(q, key, value, mask, 0.125))
+    finally:
+        torch.set_num_threads(before)
+    compiled = torch.compile(cpu_matvec.one_query_attention, fullgraph=True, dynamic=False)
+    assert torch.equal(out[0], out[1]) and torch.equal(compiled(q, key, value, mask, 0.125), out[0])
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda q, k, v, m: (q[..., :12], k[..., :12], v[..., :12], m), "multiple of 8"),
+        (lambda q, k, v, m: (q.bfloat16(), k.bfloat16(), v.bfloat16(), m), "float32"),
+        (lambda q, k, v, m: (q, k, v[:, :, :-1], m), "do not fit"),
+        (lambda q, k, v, m: (q[:, :3], k, v, m), "do not group"),
+        (lambda q, k, v, m: (q, k, v, m[..., :-1]), "mask must be float32 [B, 1, 1, C]"),
+        (lambda q, k, v, m: (q, k, v, m.double()), "mask must be float32 [B, 1, 1, C]"),
+    ],
+)
+def test_one_query_attention_refuses_bad_input_naming_what_is_allowed(change, message):
+    q, key, value, mask = change(*attention_case(2, 2, 2, 16, 10))
+    with pytest.raises(RuntimeError, match="specbench::one_query_attention") as info:
+        cpu_matvec.one_query_attention(q, key, value, mask, 0.25)
+    assert message in str(info.value)
+
+
+def test_a_compiled_float32_step_attends_with_the_kernel_and_matches_the_uncompiled_one(prompts):
+    """k = 1 forwards of a compiled fp32 model run `specbench::one_query_attention` (the profiler sees it) and give
+    the logits of the uncompiled static path (transformers' SDPA): rows of different lengths, columns masked."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specbench.decoding.static_kv import StaticLM
+
+    target = tiny_llama(3, dtype=torch.float32)
+    static, fast = StaticLM(target, 64), ForwardPath("compiled", "default", 64).lm(target)
+    x = torch.tensor([[5], [9], [2], [30]])[: len(prompts)]
+    for lm in (static, fast):
+        lm.prefill(prompts)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = fast.feed(x)
+    assert any("one_query_attention" in e.name for e in prof.events())
+    torch.testing.assert_close(got, static.feed(x), rtol=1e-4, atol=1e-4)

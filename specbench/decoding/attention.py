@@ -7,7 +7,8 @@ those copies into a GEMM template's layout as well (a k = 5 target step 30 ms on
 20 ms of it attention). Here the query heads of a group become extra rows against their one
 key/value head: the same scores, nothing copied. At one query a row (a draft step, a plain decode
 step) that form's GEMM of r rows is slower than eager's broadcast (17.7 vs 14.7 ms a target step
-there), so one query takes eager's form, which inductor fuses into two small reductions.
+there), so one query takes eager's form, which inductor fuses into two small reductions; in float32 on CPU,
+specbench's AVX2 kernel for it (`cpu_matvec.one_query_attention`) where the kernels are loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import AttentionInterface
+
+from specbench.models import cpu_matvec
 
 GROUPED = "specbench_grouped"
 
@@ -40,9 +43,10 @@ def grouped_attention(
     scaling: float,
     dropout: float = 0.0,
     **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """query [B, H, k, d], key/value [B, G, C, d] (H = G·r), additive mask [B, 1, k, C] or None;
-    returns (output [B, k, H, d], weights [B, G, r·k, C]; [B, H, 1, C] at k = 1), as transformers' attention functions do."""
+    returns (output [B, k, H, d], weights [B, G, r·k, C]; [B, H, 1, C] at k = 1, None from the kernel), as
+    transformers' attention functions do."""
     extras = {name: kwargs[name] for name in ("softcap", "s_aux") if kwargs.get(name) is not None}
     if extras:  # logit soft-capping (Gemma 2), attention sinks (gpt-oss): not in this form
         raise ValueError(
@@ -52,6 +56,9 @@ def grouped_attention(
     g, c = key.shape[1], key.shape[2]
     r = h // g  # query heads per key/value head: transformers orders them head = kv_head · r + i
     if k == 1:
+        if one_query_kernel(query, key, value, attention_mask, dropout if module.training else 0.0):
+            # no weights, as transformers' SDPA form returns none
+            return cpu_matvec.one_query_attention(query, key, value, attention_mask, scaling), None  # [B, 1, H, d]
         return _one_query(module, query.view(b, g, r, d), key, value, attention_mask, scaling, dropout)
     # With C a symbol of the compiled graph (`symbolic_columns`), bmm is ATen's, whose bf16 form costs ~20 us
     # a call at these sizes against 4-10 us in fp32 (AMX Xeon, 2 threads): so fp32, the dtype a matmul
@@ -95,6 +102,25 @@ def _one_query(
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     out = (weights[..., None].to(acc) * value[:, :, None].to(acc)).sum(-2).to(q.dtype)  # [B, G, r, d]
     return out.view(b, 1, g * r, d), weights.view(b, g * r, 1, c)
+
+
+def one_query_kernel(
+    q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, dropout: float
+) -> bool:
+    """Whether `cpu_matvec.one_query_attention` runs a one-query attention (q [B, H, 1, d]): float32 on CPU, a
+    head dim it takes, one mask for all heads, no dropout, and specbench's kernels loaded (`StaticLM` loads
+    them before it compiles: this check must not build them inside a traced forward). Inductor's fused form
+    took 26 us a layer at ~190 cached columns, the kernel 21 us; a `w4a16h8` draft step after a 400-token
+    prompt 5-7% less (AMX Xeon, AVX2 code, 2 threads; scripts/profile_step.py, builds alternated)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == key.dtype == value.dtype == torch.float32
+        and q.shape[-1] % 8 == 0
+        and q.shape[-1] <= cpu_matvec.MAX_HEAD_DIM
+        and (mask is None or (mask.dtype == torch.float32 and mask.shape[1] == 1 and mask.shape[2] == 1))
+        and dropout == 0.0
+        and cpu_matvec.loaded()
+    )
 
 
 AttentionInterface.register(GROUPED, grouped_attention)

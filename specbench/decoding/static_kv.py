@@ -31,6 +31,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from specbench.decoding.attention import GROUPED, symbolic_columns
 from specbench.decoding.kvcache import attention_windows, check_prefill_source
 from specbench.decoding.timing import to_device, to_host
+from specbench.models import cpu_matvec
 from specbench.models.matvec_fusion import FUSION_PASS, weights_fingerprint
 
 ADDITIVE_MASKS = ("eager", GROUPED)  # attention implementations that add their mask to the scores
@@ -100,6 +101,8 @@ class StaticLM:
             # attention; the copy shares the parameters (the memo), so no weight is duplicated.
             self.model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
             self.model.set_attn_implementation(GROUPED)
+            if model.device.type == "cpu" and model.dtype == torch.float32:
+                cpu_matvec.available()  # built and loaded before a compile asks `attention.one_query_kernel`
         self.additive_mask = self.model.config._attn_implementation in ADDITIVE_MASKS
         self.device = model.device
         self.windows = attention_windows(model.config)

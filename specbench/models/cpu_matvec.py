@@ -1,4 +1,5 @@
-"""specbench's own weight-only CPU kernels for float32 activations (`cpu_matvec.cpp`, AVX2 + FMA), as torch ops.
+"""specbench's own CPU kernels for float32 activations (AVX2 + FMA), as torch ops: weight-only int8 and int4
+products (`cpu_matvec.cpp`) and one-query attention (`cpu_attention.cpp`).
 
 torch has none that stream at memory speed on an AVX2 CPU: its int8 kernel takes bf16 activations only
 and its int4 kernel is compute-bound there, so a W8A16 / W4A16 draft of an fp32 target cost more than
@@ -7,7 +8,7 @@ block of 32 and stream the weights once per step. They are built on first use (~
 torch under TORCH_EXTENSIONS_DIR) and registered as `torch.ops.specbench.*`, so `torch.compile` calls
 them like any op. Where they cannot be built (not x86 with AVX2 and FMA, no C++ compiler) or are switched
 off (`SPECBENCH_CPU_MATVEC=0`, to measure torch's kernels instead), `available()` is False and the
-quantized layers use torch's kernels.
+quantized layers use torch's kernels (and attention inductor's).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import torch
 
 from specbench.bench.envinfo import cpu_isa_flags
 
-SOURCE = Path(__file__).with_name("cpu_matvec.cpp")
-SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels
+SOURCES = (Path(__file__).with_name("cpu_matvec.cpp"), Path(__file__).with_name("cpu_attention.cpp"))
+SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels, attention on inductor's
 REQUIRED_FLAGS = ("avx2", "fma")
 BLOCK = 32  # activation block and int4 weight group: the kernels' unit
+MAX_HEAD_DIM = 128  # cpu_attention.cpp's largest head dim (a query held in 16 AVX2 registers), checked there too
 _loaded = False  # whether `available()` registered the ops in this process
 
 
@@ -41,7 +43,7 @@ def available() -> bool:
     try:
         cpp_extension.load(
             name="specbench_cpu_matvec",
-            sources=[str(SOURCE)],
+            sources=[str(p) for p in SOURCES],
             extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],  # OpenMP: at::parallel_for runs threaded
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
@@ -55,9 +57,15 @@ def available() -> bool:
         return False
     torch.library.register_fake("specbench::int8_matvec")(_int8_shape)
     torch.library.register_fake("specbench::int4_matvec")(_int4_shape)
+    torch.library.register_fake("specbench::one_query_attention")(_attention_shape)
     global _loaded
     _loaded = True
     return True
+
+
+def loaded() -> bool:
+    """Whether `available()` has loaded the kernels in this process; never builds them (cheap, traceable)."""
+    return _loaded
 
 
 def _ops(op: str):
@@ -79,6 +87,10 @@ def _int4_shape(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low
     return x.new_empty(x.shape[0], nibbles.shape[0])
 
 
+def _attention_shape(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape[0], 1, q.shape[1], q.shape[3])
+
+
 def int8_matvec(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 @ (weight [N, K] int8 · scale [N]).T → [M, N], x rounded to int8 per block of 32."""
     return _ops("int8_matvec").int8_matvec(x, weight, scale)
@@ -88,6 +100,16 @@ def int4_matvec(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low
     """x [M, K] float32 @ w.T → [M, N], w[n, k] = q[n, k] · scale[n, k/32] + low[n, k/32] with q packed by
     `pack_nibbles`; x rounded to int8 per block of 32."""
     return _ops("int4_matvec").int4_matvec(x, nibbles, scale, low)
+
+
+def one_query_attention(
+    q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """softmax(scale · q·keyᵀ + mask) · value for one query a row: q [B, H, 1, d] (H = G·r, r query heads per
+    key/value head, as transformers orders them), key/value [B, G, C, d] (a view of a longer cache is read in
+    place), additive mask [B, 1, 1, C] or None; float32; d a multiple of 8, at most `MAX_HEAD_DIM`.
+    Returns [B, 1, H, d] (transformers' attention output layout)."""
+    return _ops("one_query_attention").one_query_attention(q, key, value, mask, scale)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
