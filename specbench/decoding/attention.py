@@ -117,7 +117,7 @@ def one_query_kernel(
         and q.dtype == key.dtype == value.dtype == torch.float32
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= cpu_matvec.MAX_HEAD_DIM
-        and (mask is None or (mask.dtype == torch.float32 and mask.shape[1] == 1 and mask.shape[2] == 1))
+        and (mask is None or (mask.dtype == torch.float32 and mask.shape[1] == 1))
         and dropout == 0.0
         and cpu_matvec.loaded()
     )

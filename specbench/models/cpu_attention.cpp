@@ -18,6 +18,8 @@ namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 128;  // a query's 16 registers of 8 floats
 
+// Also in cpu_matvec.cpp: torch's JIT build decides to rebuild from the listed sources' contents only, so a shared
+// header, once edited, would leave a stale extension in place.
 inline float horizontal_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_hadd_ps(s, s);
@@ -43,8 +45,8 @@ inline __m256 exp_nonpositive(__m256 x) {
 // out[b, h] = softmax_c(scale * q[b, h] . key[b, h / r, c] + mask[b, c]) @ value[b, h / r, c]
 // q [B, H, 1, d] (H = G r: r query heads per key/value head, as transformers orders them); key, value [B, G, C, d]
 // (views of a longer cache are read in place); mask [B, 1, 1, C] additive (any finite value, the dtype's min where
-// masked) or none. Returns [B, 1, H, d]. The tensors are passed whole, not as views, so inductor hands them over as
-// they are (a view of a buffer whose column count is a symbol is one it cannot re-lay-out).
+// masked) or none. Returns [B, 1, H, d]. q and the mask come as transformers has them, not as views of them: inductor
+// could not re-lay-out such a view with the column count a symbol of the graph.
 at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
                                const std::optional<at::Tensor>& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && key.dim() == 4 && value.dim() == 4,
