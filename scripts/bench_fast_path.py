@@ -4,7 +4,8 @@
 
 A draft is a `draft.kind`, optionally `+top<N>`: its head restricted to the N most frequent ids
 (`draft.vocab_top`; counted over --vocab-corpus, else id order), and optionally `+ownkv`: a weight-only
-copy that prefills the prompt itself rather than start from the target's KV (`draft.target_prompt_kv`).
+copy that prefills the prompt itself rather than start from the target's KV (`draft.target_prompt_kv`), or
+`+draftkv`: one that keeps its own K/V of the tokens it drafted (`draft.target_decode_kv=false`).
 `ngram` runs as it is (no model to compile, no floor). transformers' assisted generation drives the first
 draft listed (one with a model).
 
@@ -80,16 +81,21 @@ def from_result(result) -> dict:
 
 
 OWN_KV = "+ownkv"  # a --drafts suffix: draft.target_prompt_kv=false (a weight-only copy prefills the prompt itself)
+DRAFT_KV = "+draftkv"  # draft.target_decode_kv=false: the copy keeps its own K/V of the tokens it drafted
 
 
 def draft_config(spec: str, corpus: str | None) -> DraftConfig:
-    """`kind` or `kind+top<N>` (the row label's spelling), either optionally with `+ownkv`, as a DraftConfig."""
-    own_kv = spec.endswith(OWN_KV)
-    kind, _, top = spec.removesuffix(OWN_KV).partition("+top")
+    """`kind` or `kind+top<N>` (the row label's spelling), optionally with `+ownkv` or `+draftkv`, as a DraftConfig."""
+    suffix = next((s for s in (OWN_KV, DRAFT_KV) if spec.endswith(s)), "")
+    kind, _, top = spec.removesuffix(suffix).partition("+top")
     if top and not top.isdigit():
-        raise SystemExit(f"--drafts {spec!r}: expected <kind>[+top<N>][{OWN_KV}], N an integer")
+        raise SystemExit(f"--drafts {spec!r}: expected <kind>[+top<N>][{OWN_KV}|{DRAFT_KV}], N an integer")
     return DraftConfig(
-        kind=kind, vocab_top=int(top or 0), vocab_corpus=corpus if top else None, target_prompt_kv=not own_kv
+        kind=kind,
+        vocab_top=int(top or 0),
+        vocab_corpus=corpus if top else None,
+        target_prompt_kv=suffix != OWN_KV,
+        target_decode_kv=suffix != DRAFT_KV,
     )
 
 

@@ -1,7 +1,7 @@
 """Does a compiled draft step cost more inside the speculative loop than alone? One process, interleaved.
 
     python scripts/probe_draft_in_loop.py [--draft w4a16h8] [--gamma 5] [--capacity 384] [--prompt-tokens 100]
-                                          [--rounds 30] [--threads 2]
+                                          [--rounds 30] [--threads 2] [--dtype float32] [--compile-mode default]
 
 Compiles the embedded target (k = 1 and γ + 1) and the draft (k = 1 and 2) on the fast path, prefills one
 prompt into both, then repeats three kinds of draft round (a k = 2 catch-up and γ - 1 steps of k = 1, rolled
@@ -41,12 +41,14 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16", help="pair.dtype (float32 puts W8A16/W4A16 on specbench's kernels)")
+    ap.add_argument("--compile-mode", default="max-autotune", help="inductor mode (the bench's AVX2 runs use default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    pair = load_pair(PairConfig(dtype="bfloat16"), DraftConfig(kind=args.draft))
+    pair = load_pair(PairConfig(dtype=args.dtype), DraftConfig(kind=args.draft))
     if pair.draft_model is None:
         raise SystemExit(f"--draft {args.draft!r} has no model to time")
-    fast = ForwardPath("compiled", "max-autotune", args.capacity)
+    fast = ForwardPath("compiled", args.compile_mode, args.capacity)
     compile_s = (fast.warm_up(pair.target, 1, target_ks(args.gamma)), fast.warm_up(pair.draft_model, 1, DRAFT_KS))
     print(f"compile seconds: target {compile_s[0]:.0f}, draft {compile_s[1]:.0f}", flush=True)
     target, draft = fast.lm(pair.target), fast.lm(pair.draft_model)

@@ -34,6 +34,7 @@ def decode(
     draft_model: str | None = None,
     draft_vocab_top: int = 0,
     draft_target_prompt_kv: bool = True,
+    draft_target_decode_kv: bool = True,
     gamma: int = 4,
     temperature: float = 0.0,
     top_k: int = 0,
@@ -60,7 +61,8 @@ def decode(
     target), 'w4a16' (int4), 'w4a16h8' (int4, head in int8), 'ngram' (prompt lookup) or 'model' (then
     `draft_model` names it like `target`: 'embedded', a .gguf, a dir or a hub id).
     `draft_vocab_top` > 0 restricts a model draft's head to that many ids (`draft.vocab_top`).
-    `draft_target_prompt_kv`: a weight-only copy starts from the target's KV of the prompt (`draft.target_prompt_kv`).
+    `draft_target_prompt_kv`: a weight-only copy starts from the target's KV of the prompt (`draft.target_prompt_kv`);
+    `draft_target_decode_kv`: on the fast path, it also takes the target's K/V of each round's tokens (`draft.target_decode_kv`).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
     `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
@@ -86,7 +88,12 @@ def decode(
     )
     draft = resolve_kind(draft, device, dtype=dtype)
     # validates against DRAFT_KINDS
-    draft_cfg = DraftConfig(kind=draft, vocab_top=draft_vocab_top, target_prompt_kv=draft_target_prompt_kv)
+    draft_cfg = DraftConfig(
+        kind=draft,
+        vocab_top=draft_vocab_top,
+        target_prompt_kv=draft_target_prompt_kv,
+        target_decode_kv=draft_target_decode_kv,
+    )
     forward_cfg = ForwardConfig(path=forward)  # validates the path
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
         raise ValueError(f"draft={draft!r} needs draft_model (a model id, .gguf file or directory)")

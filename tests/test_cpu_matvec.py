@@ -51,10 +51,14 @@ def test_int8_matvec_is_the_block_quantized_product(rows, n, k):
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-@pytest.mark.parametrize("rows,n,k", [(1, 37, 64), (3, 96, 96), (8, 200, 576), (2, 50, 160), (1, 20, 224)])
+@pytest.mark.parametrize(
+    "rows,n,k",
+    [(1, 37, 64), (3, 96, 96), (8, 200, 576), (2, 50, 160), (1, 20, 224), (5, 40, 96), (6, 33, 160), (7, 24, 64)],
+)
 def test_int4_matvec_is_the_block_quantized_product(rows, n, k):
     # 2, 3, 18, 5 and 7 blocks: one pair, a pair and an odd block, the 4-block loop with and without a
-    # pair or an odd block after it
+    # pair or an odd block after it; 1 to 8 rows: every tile of rows a weight row is unpacked for (1-4), and
+    # more rows than one tile
     x, q, scale, low = int4_case(rows, n, k)
     expected = cpu_matvec.quantize_blocks(x) @ int4_weight(q, scale, low).T
     got = cpu_matvec.int4_matvec(x, cpu_matvec.pack_nibbles(q), scale, low)

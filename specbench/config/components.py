@@ -57,6 +57,10 @@ class DraftConfig:
     # A weight-only copy of the target (w8a16, w4a16, w4a16h8) starts from the target's KV of the prompt
     # rather than its own prefill; other kinds always prefill themselves.
     target_prompt_kv: bool = True
+    # With it, on the fast path (forward.path static / compiled), the copy also takes the K/V the target's verify
+    # wrote each round: every committed token's K/V is the target's, and no catch-up forward follows an
+    # all-accepted round.
+    target_decode_kv: bool = True
 
     def __post_init__(self) -> None:
         at_least("draft.min_ngram", self.min_ngram, 1)

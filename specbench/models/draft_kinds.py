@@ -94,7 +94,11 @@ def _model_draft(pair: Pair) -> Draft:
 
     shares = DRAFT_KINDS.get(pair.draft_kind).weights is not None and pair.draft_cfg.target_prompt_kv
     return ModelDraft(
-        pair.draft_model, name=pair.draft_kind, lm=pair.forward.lm(pair.draft_model), target_prompt_kv=shares
+        pair.draft_model,
+        name=pair.draft_kind,
+        lm=pair.forward.lm(pair.draft_model),
+        target_prompt_kv=shares,
+        target_decode_kv=shares and pair.draft_cfg.target_decode_kv,
     )
 
 
