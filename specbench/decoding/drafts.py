@@ -80,7 +80,7 @@ class ModelDraft:
         self.target_prompt_kv = target_prompt_kv
         self.target_decode_kv = target_decode_kv
         self.follows: StaticLM | None = None  # the target whose verify K/V this batch takes (target_decode_kv)
-        self._starts: list[int] = []  # per slot, the column this round's first fed token went to
+        self._starts: list[int] = []  # per active row, the column this round's first fed token went to
         self._gamma = 0
 
     def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
