@@ -206,6 +206,22 @@ def test_job_on_the_fast_path_labels_rows_and_records_the_path(path, tmp_path):
         assert sorted(set(pd.read_parquet(job / "ct.parquet").k)) == [1, 5]
 
 
+def test_a_compiled_job_with_a_weight_only_draft_compiles_its_one_token_step_only(tmp_path):
+    """On the target's decode K/V the draft never catches up, so the job compiles its k = 1 forward alone; a k = 2
+    forward inside the decode would be compiled there and counted."""
+    args = ["pair=tiny", "draft=w8a16", "workload=synthetic", "report=false", "forward=compiled"]
+    args += ["forward.compile_mode=default", "gamma=2", "max_new_tokens=12", "workload.n_prompts=2"]
+    args += ["sweep_name=fast", f"runs_dir={tmp_path}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "specbench", *args], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (job,) = tmp_path.glob("fast/*")
+    done = json.loads((job / "done.json").read_text())
+    assert done["forward"]["draft_decode_kv"] is True and done["forward"]["new_shapes_while_measured"] == 0
+    rounds = pd.read_parquet(job / "rounds.parquet")
+    assert (rounds.accepted == rounds.gamma).any()  # all-accepted rounds, which used to need a catch-up forward
+
+
 @pytest.mark.parametrize("weights", [None, "int8", "int4"])
 def test_dtype_auto_on_cpu_times_a_round_in_the_jobs_kernels(weights):
     # The probe once timed torch's default bf16 linear alone and picked fp32 on an AMX Xeon, where the

@@ -29,10 +29,10 @@ from specbench.bench.protocol import (
 from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
-from specbench.decoding.forward import ForwardPath, capacity_for
+from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for
 from specbench.decoding.records import LLAMA_CPP_DECODERS
 from specbench.llama_cpp.servers import JobServers, bench_llama_ct
-from specbench.models.draft_kinds import DRAFT_KINDS
+from specbench.models.draft_kinds import DRAFT_KINDS, takes_decode_kv
 from specbench.models.kernels import linear_kernels
 from specbench.models.loading import fastest_cpu_dtype
 from specbench.models.pair import Pair, load_pair
@@ -105,11 +105,13 @@ def auto_dtype_record(cfg: Config) -> dict:
 
 def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> dict[str, float]:
     """Put the job's forward path on the pair and compile every shape its decoders will run, before
-    anything is timed (target: k = 1 and γ + 1; draft: k = 1 and 2). Returns seconds per model."""
+    anything is timed (target: k = 1 and γ + 1; draft: k = 1 and 2, or 1 alone on the target's decode K/V).
+    Returns seconds per model."""
     f = cfg.forward
     capacity = f.capacity or capacity_for([len(p.ids) for p in prompts], cfg.max_new_tokens, cfg.gamma)
     pair.forward = ForwardPath(f.path, f.compile_mode, capacity)
-    seconds = pair.forward.warm_up_pair(pair.target, pair.draft_model, cfg.batch_size, cfg.gamma)
+    draft_ks = DECODE_KV_DRAFT_KS if takes_decode_kv(pair) else DRAFT_KS
+    seconds = pair.forward.warm_up_pair(pair.target, pair.draft_model, cfg.batch_size, cfg.gamma, draft_ks)
     if seconds:
         log.info("forward.path=%s: compiled in %s", f.label, {k: round(v, 1) for k, v in seconds.items()})
     return seconds
@@ -179,6 +181,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
                 "path": cfg.forward.label,
                 "capacity": pair.forward.capacity,
                 "compile_seconds": compile_seconds,  # before warm-up; never inside a timed phase
+                "draft_decode_kv": takes_decode_kv(pair),  # the draft took the target's K/V every round
                 "new_shapes_while_measured": new_shapes,
             },
         },

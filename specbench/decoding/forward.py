@@ -7,12 +7,15 @@ made once and every decode, the C_t(k) micro-benchmark included, reuses them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from transformers import PreTrainedModel
 
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.static_kv import StaticLM
 
 DRAFT_KS = (1, 2)  # a draft's forwards: one step, or a round's catch-up of two tokens after all drafts passed
+DECODE_KV_DRAFT_KS = (1,)  # a draft on the target's decode K/V (`ModelDraft.target_decode_kv`) never catches up
 CAPACITY_STEP = 64  # capacities round up to this, so jobs whose needs differ a little share graphs
 _STATIC: dict[tuple, StaticLM] = {}  # (id(model), capacity, compile mode) -> the process's StaticLM
 
@@ -63,14 +66,21 @@ class ForwardPath:
             return 0.0
         return self.lm(model).warm_up(batch_size, ks)
 
-    def warm_up_pair(self, target: PreTrainedModel, draft: PreTrainedModel | None, batch_size: int, gamma: int):
-        """Every shape a job's decoders run at this γ (target: `target_ks`; draft: `DRAFT_KS`, only when
+    def warm_up_pair(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel | None,
+        batch_size: int,
+        gamma: int,
+        draft_ks: Sequence[int] = DRAFT_KS,
+    ):
+        """Every shape a job's decoders run at this γ (target: `target_ks`; draft: `draft_ks`, only when
         it drafts); seconds per model, {} for eager."""
         if not self.fast:
             return {}
         seconds = {"target": self.warm_up(target, batch_size, target_ks(gamma))}
         if draft is not None and gamma >= 1:
-            seconds["draft"] = self.warm_up(draft, batch_size, list(DRAFT_KS))
+            seconds["draft"] = self.warm_up(draft, batch_size, list(draft_ks))
         return seconds
 
     def new_shapes(self, *models: PreTrainedModel | None) -> int:

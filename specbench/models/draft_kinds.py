@@ -89,16 +89,26 @@ def draft_class(device: str, dtype: str) -> str:
     return "avx2_bf16" if cpu == "avx2" and dtype in ("bfloat16", "float16") else cpu
 
 
+def takes_prompt_kv(pair: Pair) -> bool:
+    """Whether the pair's draft starts from the target's KV of the prompt: a weight-only copy, unless told not to."""
+    return DRAFT_KINDS.get(pair.draft_kind).weights is not None and pair.draft_cfg.target_prompt_kv
+
+
+def takes_decode_kv(pair: Pair) -> bool:
+    """Whether it also takes the target's K/V of each round on the pair's path (the fast path only): its forwards
+    are then one token a row (`forward.DECODE_KV_DRAFT_KS`)."""
+    return takes_prompt_kv(pair) and pair.draft_cfg.target_decode_kv and pair.forward.fast
+
+
 def _model_draft(pair: Pair) -> Draft:
     from specbench.decoding.drafts import ModelDraft
 
-    shares = DRAFT_KINDS.get(pair.draft_kind).weights is not None and pair.draft_cfg.target_prompt_kv
     return ModelDraft(
         pair.draft_model,
         name=pair.draft_kind,
         lm=pair.forward.lm(pair.draft_model),
-        target_prompt_kv=shares,
-        target_decode_kv=shares and pair.draft_cfg.target_decode_kv,
+        target_prompt_kv=takes_prompt_kv(pair),
+        target_decode_kv=takes_decode_kv(pair),
     )
 
 
