@@ -25,10 +25,10 @@ def lms(path: str, *models):
     return [fast.lm(m) for m in models]
 
 
-def widths(lm) -> list[int]:
-    """Record the width of every forward `lm` runs from now on."""
+def widths(lm, monkeypatch) -> list[int]:
+    """Record the width of every forward `lm` runs in this test (the LM is the process's, shared by later tests)."""
     seen, feed = [], lm.feed
-    lm.feed = lambda tokens: seen.append(tokens.shape[1]) or feed(tokens)
+    monkeypatch.setattr(lm, "feed", lambda tokens: seen.append(tokens.shape[1]) or feed(tokens))
     return seen
 
 
@@ -37,11 +37,11 @@ def committed_kv(lm) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_the_draft_holds_the_targets_kv_of_every_committed_token_and_stays_exact(path, target, prompts):
+def test_the_draft_holds_the_targets_kv_of_every_committed_token_and_stays_exact(path, target, prompts, monkeypatch):
     close = perturbed(target, 0.05, seed=3)  # close enough for all-accepted rounds as well as rejections
     target_lm, draft_lm = lms(path, target, close)
     draft = ModelDraft(close, lm=draft_lm, target_prompt_kv=True, target_decode_kv=True)
-    fed = widths(draft_lm)
+    fed = widths(draft_lm, monkeypatch)
     rounds = []
 
     def same_kv(seqs, rows):
@@ -71,11 +71,11 @@ def test_a_twin_of_the_target_has_every_draft_accepted(path, target, prompts):
         assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
 
 
-def test_off_the_draft_keeps_its_own_kv_and_catches_up(target, prompts):
+def test_off_the_draft_keeps_its_own_kv_and_catches_up(target, prompts, monkeypatch):
     close = perturbed(target, 0.05, seed=3)
     target_lm, draft_lm = lms("static", target, close)
     draft = ModelDraft(close, lm=draft_lm, target_prompt_kv=True)  # target_decode_kv off
-    fed = widths(draft_lm)
+    fed = widths(draft_lm, monkeypatch)
     result = speculative_decode(target_lm, draft, prompts, 4, GREEDY, 24, set())
     assert draft.follows is None and 2 in fed  # the catch-up after an all-accepted round
     assert any(not torch.equal(a, b) for a, b in zip(committed_kv(draft_lm), committed_kv(target_lm)))

@@ -161,9 +161,9 @@ std::vector<int8_t> pair_order(const std::vector<int8_t>& q, int64_t rows, int64
 
 // One weight row of the int4 product against TILE activation rows (x in `pair_order`, d [TILE, blocks]: x's block
 // scale times the weight group's): out[t] = sum_b d[t, b] * (q[b] . x[t, b]). Each 32-byte pair of nibble blocks is
-// loaded and unpacked once for all TILE rows: the unpack is a third of a row's instructions, so a 2-row forward (a
-// draft's catch-up after an all-accepted round) cost ~1.6x a 1-row one. Two accumulators a row up to 2 rows, so
-// consecutive FMAs never wait on each other; the rows themselves are independent chains beyond that.
+// loaded and unpacked once for all TILE rows: the unpack is a third of a row's instructions, so 2 rows (a batch, or
+// a draft's own catch-up of two tokens) cost ~1.6x one row when each unpacked its own. Two accumulators a row up
+// to 2 rows, so consecutive FMAs never wait on each other; the rows themselves are independent chains beyond that.
 template <int TILE>
 inline void int4_row(const uint8_t* row, const uint8_t* w_end, const int8_t* x, int64_t k, const float* d,
                      int64_t blocks, bool lead, float* out) {
