@@ -4,39 +4,37 @@
 #   bash scripts/gpu_check.sh [--out DIR] [--wheels DIR] [--budget SECONDS] [--work DIR]
 #   bash scripts/gpu_check.sh --cpu-smoke [--out DIR]     # the same plumbing on CPU, tiny shapes (~2-3 min)
 #   bash scripts/gpu_check.sh --fetch-wheels [--wheels DIR]  # where PyPI is reachable: fill the wheel folder
+#   bash scripts/gpu_check.sh --rehearse [--wheels DIR]      # install the wheels beside the image's versions (Python 3.12)
 #
-# Steps (each under `timeout`, capped by what is left of --budget; a failed step does not
-# stop the next; the exit status is 1 if any step failed or was skipped):
-#   env       nvidia-smi, python, torch/CUDA                                   expected   5 s, cap  30 s
-#   install   pip install --no-index --find-links WHEELS (hydra-core, omegaconf,
-#             antlr4, optuna + deps, platformdirs, transformers 5.24 + regex),
-#             pip install --no-deps -e . ; then a KV-cache compatibility check expected  25 s, cap 120 s
-#   pytest    pytest -m gpu tests (CUDA timing, telemetry, equality, syncs)   expected  60 s, cap 150 s
+# Steps (each under `timeout`, capped by what is left of --budget; a failed step does not stop the
+# next; the exit status is 1 if any step failed or was skipped). Times: measured CPU smoke / GPU estimate.
+#   env       nvidia-smi, python, torch/CUDA                                   cpu  2 s / gpu   5 s, cap  30 s
+#   install   pip install --no-index --find-links WHEELS WHEELS/*.whl (hydra-core, omegaconf, antlr4,
+#             optuna + alembic, sqlalchemy, mako, colorlog, platformdirs: what the image lacks; its own
+#             torch, transformers >= 5.17 and the rest stay), pip install --no-deps -e . ; then
+#             a KV-cache check (incremental logits == a full forward)         cpu  5 s / gpu  25 s, cap  90 s
+#   pytest    pytest -m gpu tests (CPU smoke: tests/test_gpu.py, collected and skipped) cpu 10 s / gpu  90 s, cap 120 s
+#   sweep     gamma 1,2,4,6 x batch 1,4,16,64: 8B-shape target, 1B-shape draft, bf16, eager,
+#             synthetic prompts, 32 new tokens (conf/sweep/gpu_check.yaml); every job also runs
+#             the C_t(k) micro-benchmark, k = 1..16 (ct.parquet); then C_o share, host syncs and
+#             NVML energy per token per job (sweep_summary.txt)                cpu 25 s / gpu 180 s, cap 200 s
+#   report    python -m specbench.report <sweep> (cost model, optimal gamma per batch size) cpu 10 s / gpu 30 s, cap 60 s
+#   fastpath  python -m specbench.gpu fastpath: eager vs compiled (CUDA graphs) side by side, 8B/1B
+#             shapes cut to 8 layers each (compile time), B = 1 and 16, plain and gamma 4  cpu 10 s / gpu 90 s, cap 120 s
 #   equality  greedy speculative == autoregressive on shape-only Llama-3.2-1B,
-#             float32 (must match) and bfloat16 (margins reported)          expected  40 s, cap  90 s
-#   sweep     gamma 1,2,4,6 x batch 1,4,16,64: 8B-shape target, 1B-shape draft,
-#             bf16, synthetic prompts, 32 new tokens (conf/sweep/gpu_check.yaml);
-#             every job also runs the C_t(k) micro-benchmark, k = 1..16 (ct.parquet) expected 180 s, cap 270 s
-#   report    python -m specbench.report <sweep> (C_t(k) from the jobs' ct tables) expected 30 s, cap  90 s
-# Expected total about 5.5 minutes on an H200; --budget (default 470 s) bounds the whole run.
-# (`python scripts/gpu_check.py ct ...` runs the micro-benchmark alone, at any batch sizes.)
+#             float32 (must match) and bfloat16 (margins reported)          cpu  5 s / gpu  40 s, cap  60 s
+# --budget (default 470 s) bounds the whole run: one command inside the GPU machine's 8 minutes.
 #
-# Output (at most 8 files, flat, as the device tool returns them): DIR/gpu_check.log,
-# steps.json, greedy_equality.json, pytest_gpu.txt, sweep_summary.txt, report.md, ct.csv
-# (the sweep's C_t(k) rows), results.tar.gz (the sweep's job dirs with rounds, requests,
-# ct and telemetry tables, and the full report with plots).
-# DIR defaults to $OUT when set, else ./gpu_check_out.
+# Output (at most 8 files, flat, as the device tool returns them): DIR/gpu_check.log, steps.json,
+# pytest_gpu.txt, report.md, ct.csv (the sweep's C_t(k) rows), fastpath.json, greedy_equality.json,
+# results.tar.gz (the sweep's job dirs with rounds, requests, ct and telemetry tables, sweep_summary.txt,
+# and the full report with plots). DIR defaults to $OUT when set, else ./gpu_check_out.
 #
-# Filling the wheel folder (here, with PyPI; the GPU machine has Python 3.12 and none of
-# hydra-core/omegaconf/antlr4/optuna/platformdirs, and transformers 5.17, too old for
-# specbench's `cache=` calls): `bash scripts/gpu_check.sh --fetch-wheels`, which runs
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#       -d wheels hydra-core==V omegaconf==V optuna==V alembic==V sqlalchemy==V mako==V colorlog==V \
-#       platformdirs==V transformers==V regex==V typing-extensions==V
-#   pip wheel --no-deps -w wheels antlr4-python3-runtime==4.9.3      # sdist only on PyPI: built here
-# with V = the versions installed here (the tested set). Keep wheels/ out of git
-# (`echo /wheels/ >> .git/info/exclude`) and name it in the device tool's `carry`.
+# The wheel folder (where PyPI is reachable): `bash scripts/gpu_check.sh --fetch-wheels` downloads, for
+# CPython 3.12 on manylinux x86-64, the versions installed here of the packages the GPU image lacks
+# (`specbench.gpu.wheels.MISSING_ON_IMAGE`), through pip's own configured index. Keep wheels/ out of git and
+# name it in the device tool's `carry`. `--rehearse` checks the set installs beside the image's versions
+# (`specbench.gpu.wheels.IMAGE_PINS`) in a fresh Python 3.12 venv, as the install step does there.
 
 set -u
 
@@ -53,6 +51,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-smoke) MODE=cpu ;;
     --fetch-wheels) MODE=fetch ;;
+    --rehearse) MODE=rehearse ;;
     --out) OUTDIR="$2"; shift ;;
     --work) WORK="$2"; shift ;;
     --wheels) WHEELS="$2"; shift ;;
@@ -69,27 +68,38 @@ case "$WHEELS" in /*) ;; *) WHEELS="$REPO/$WHEELS" ;; esac
 
 if [ "$MODE" = fetch ]; then
   mkdir -p "$WHEELS"
-  pins=$("$PY" - <<'EOF'
-from importlib.metadata import version, PackageNotFoundError
-names = ["hydra-core", "omegaconf", "optuna", "alembic", "sqlalchemy", "mako", "colorlog", "platformdirs",
-         "transformers", "regex", "typing-extensions"]
-out = []
-for n in names:
-    try:
-        out.append(f"{n}=={version(n)}")
-    except PackageNotFoundError:
-        out.append(n)
-print(" ".join(out))
-EOF
-)
-  antlr=$("$PY" -c "from importlib.metadata import version; print(version('antlr4-python3-runtime'))" 2>/dev/null || echo 4.9.3)
-  echo "fetching into $WHEELS: $pins antlr4-python3-runtime==$antlr"
-  "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  read -r -a pins <<< "$("$PY" -m specbench.gpu.wheels)"
+  binary=() sdist=()
+  for p in "${pins[@]}"; do case "$p" in antlr4-python3-runtime*) sdist+=("$p") ;; *) binary+=("$p") ;; esac; done
+  echo "fetching into $WHEELS: ${pins[*]}"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$WHEELS" $pins || exit 1
-  "$PY" -m pip wheel --no-deps -w "$WHEELS" "antlr4-python3-runtime==$antlr" || exit 1
+    -d "$WHEELS" "${binary[@]}" || exit 1
+  [ ${#sdist[@]} -eq 0 ] || "$PY" -m pip wheel -q --no-deps -w "$WHEELS" "${sdist[@]}" || exit 1
   du -sh "$WHEELS"; ls "$WHEELS"
   exit 0
+fi
+
+if [ "$MODE" = rehearse ]; then
+  # The install step as the GPU machine runs it, in a fresh Python 3.12 venv holding the image's versions.
+  PY312="${PY312:-python3.12}"
+  VENV="$(mktemp -d "${TMPDIR:-/tmp}/specbench_rehearse.XXXXXX")"
+  "$PY312" -m venv "$VENV" || exit 1
+  read -r -a image <<< "$("$PY" -m specbench.gpu.wheels image)"
+  "$VENV/bin/python" -m pip install -q "${image[@]}" || exit 1
+  "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELS" "$WHEELS"/*.whl || exit 1
+  "$VENV/bin/python" -c '
+import platform
+from importlib.metadata import version
+import hydra, omegaconf, optuna, platformdirs, transformers  # what the app and the tuner import
+print("  python", platform.python_version())
+for n in ("transformers", "huggingface_hub", "hydra-core", "omegaconf", "optuna", "sqlalchemy"):
+    print(" ", n, version(n))
+'
+  rc=$?
+  rm -rf "$VENV"
+  echo "rehearsal: $([ $rc -eq 0 ] && echo ok || echo FAILED)"
+  exit $rc
 fi
 
 [ -n "$OUTDIR" ] || OUTDIR="$REPO/gpu_check_out"
@@ -194,11 +204,22 @@ pytest_gpu() {
 
 equality() {
   if [ "$MODE" = gpu ]; then
-    "$PY" scripts/gpu_check.py equality --device cuda --shape llama-3.2-1b --dtypes float32,bfloat16 \
+    "$PY" -m specbench.gpu equality --device cuda --shape llama-3.2-1b --dtypes float32,bfloat16 \
       --gammas 1,4 --batch 4 --new-tokens 32 --out "$OUTDIR/greedy_equality.json"
   else
-    "$PY" scripts/gpu_check.py equality --device cpu --shape tiny-llama --init-range 0.3 --dtypes float32,bfloat16 \
+    "$PY" -m specbench.gpu equality --device cpu --shape tiny-llama --init-range 0.3 --dtypes float32,bfloat16 \
       --gammas 4 --batch 3 --new-tokens 12 --out "$OUTDIR/greedy_equality.json"
+  fi
+}
+
+fastpath() {
+  if [ "$MODE" = gpu ]; then
+    "$PY" -m specbench.gpu fastpath --device cuda --layers 8 --batch-sizes 1,16 --gamma 4 --new-tokens 32 \
+      --repeats 3 --compile-mode reduce-overhead --out "$OUTDIR/fastpath.json"
+  else  # the static path uncompiled: the same code but inductor, which costs minutes on CPU
+    "$PY" -m specbench.gpu fastpath --device cpu --target-shape tiny-llama --draft-shape tiny-llama --dtype float32 \
+      --batch-sizes 2 --gamma 2 --new-tokens 6 --prompt-tokens 8 --repeats 1 --compile-mode none \
+      --out "$OUTDIR/fastpath.json"
   fi
 }
 
@@ -207,32 +228,17 @@ sweep() {
   if [ "$MODE" = gpu ]; then
     args=(pair=llama8b_1b_shape gamma=1,2,4,6 batch_size=1,4,16,64)
   else
-    args=(pair=tiny gamma=1,2 batch_size=1,2 max_new_tokens=8 workload.prompt_tokens=16 repeats=1)
+    args=(pair=tiny gamma=1,2 batch_size=1,2 max_new_tokens=6 workload.prompt_tokens=12 repeats=1 warmup=0)
   fi
   "$PY" -m specbench draft=model workload=synthetic +sweep=gpu_check "${args[@]}" \
-      runs_dir="$WORK/runs" sweep_name=gpu_check report=false 2>&1 | grep -v 'batch/s' | tee "$OUTDIR/sweep_summary.txt"
+      runs_dir="$WORK/runs" sweep_name=gpu_check report=false 2>&1 | grep -v 'batch/s' | tee "$WORK/sweep_summary.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
-  "$PY" - "$WORK/runs/gpu_check" <<'EOF'
-import sys
-import pandas as pd
-from specbench.bench import runstore
-sweep = sys.argv[1]
-done, failed = runstore.list_jobs(sweep), runstore.load_failures(sweep)
-print(f"jobs done: {len(done)}, failed: {len(failed)}")
-if len(failed):
-    print(failed[["job", "kind", "message"]].to_string(index=False))
-rounds = runstore.load_sweep(sweep, "rounds")
-print("host syncs per round:", rounds.groupby("decoder")["host_syncs"].unique().to_dict())
-print("shape_only:", rounds["shape_only"].unique().tolist())
-meta = runstore.load_meta(sweep)
-cols = [c for c in meta.columns if c.startswith("telemetry.") and not c.endswith("device_name")]
-print(meta[["job", *cols]].to_string(index=False))
-sys.exit(1 if len(failed) or not len(done) else 0)
-EOF
+  "$PY" -m specbench.gpu summary "$WORK/runs/gpu_check" | tee -a "$WORK/sweep_summary.txt"
+  return "${PIPESTATUS[0]}"
 }
 
 report() {
-  "$PY" -m specbench.report "$WORK/runs/gpu_check" --out "$WORK/report" --resamples 500
+  "$PY" -m specbench.report "$WORK/runs/gpu_check" --out "$WORK/report"
 }
 
 pack() {
@@ -240,7 +246,7 @@ pack() {
   "$PY" -c "from specbench.bench.runstore import load_sweep; import sys; load_sweep(sys.argv[1], 'ct').to_csv(sys.argv[2], index=False)" \
     "$WORK/runs/gpu_check" "$OUTDIR/ct.csv" 2>/dev/null || echo "no C_t table to export"
   local parts=()
-  for p in runs report steps.tsv; do [ -e "$WORK/$p" ] && parts+=("$p"); done
+  for p in runs report steps.tsv sweep_summary.txt; do [ -e "$WORK/$p" ] && parts+=("$p"); done
   [ ${#parts[@]} -gt 0 ] && tar czf "$OUTDIR/results.tar.gz" -C "$WORK" "${parts[@]}"
   "$PY" - "$STEPS" "$OUTDIR/steps.json" "$MODE" "$BUDGET" "$(( $(date +%s) - START ))" <<'EOF'
 import json, sys
@@ -254,14 +260,15 @@ EOF
 }
 
 export MODE PY WHEELS OUTDIR WORK REPO BUDGET
-export -f env_check install pytest_gpu equality sweep report
+export -f env_check install pytest_gpu equality fastpath sweep report
 
 step env 30 env_check
-step install 120 install
-step pytest 150 pytest_gpu
-step equality 90 equality
-step sweep 270 sweep
-step report 90 report
+step install 90 install
+step pytest 120 pytest_gpu
+step sweep 200 sweep
+step report 60 report
+step fastpath 120 fastpath
+step equality 60 equality
 pack
 
 echo "=== done in $(( $(date +%s) - START ))s; outputs in $OUTDIR:"

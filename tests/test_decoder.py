@@ -11,7 +11,7 @@ from transformers.generation.logits_process import TopKLogitsWarper
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.hf_assisted import hf_assisted_decode
-from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.kvcache import CachedLM, with_cache
 from specbench.decoding.sampling import SamplingConfig, TokenContext
 from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import PhaseTimer
@@ -61,7 +61,7 @@ def test_autoregressive_baseline_equals_generate(target, prompts):
 def _fresh_kv(model, tokens: list[int], layer: int):
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.tensor([tokens]), cache=cache, use_cache=True)
+        model(input_ids=torch.tensor([tokens]), **with_cache(model, cache), use_cache=True)
     return cache.layers[layer].keys[0], cache.layers[layer].values[0]
 
 

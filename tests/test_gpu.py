@@ -5,7 +5,6 @@ equality and the sync count measured by torch's sync debug mode (`-m gpu`, skipp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import warnings
@@ -26,17 +25,11 @@ from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig, exponential_race, sample
 from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host
+from specbench.gpu import equality
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingConfig()
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def _gpu_check_module():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _tiny_cfg(tmp_path: Path, **kw) -> Config:
@@ -274,19 +267,18 @@ def test_job_telemetry_aggregates_per_decoder(tmp_path):
 
 
 def test_divergence_reports_margins(target, prompts):
-    gc = _gpu_check_module()
     ar = autoregressive_decode(CachedLM(target), prompts[:1], GREEDY, 6, set()).tokens[0]
-    assert gc.divergence(target, target, prompts[0], ar, list(ar), torch.float64) is None
+    assert equality.divergence(target, target, prompts[0], ar, list(ar), torch.float64) is None
     other = list(ar)
     other[3] = (ar[3] + 1) % VOCAB
-    d = gc.divergence(target, target, prompts[0], ar, other, torch.float64)
+    d = equality.divergence(target, target, prompts[0], ar, other, torch.float64)
     assert d["position"] == 3 and d["ar_token"] == ar[3] and d["fp32_argmax"] == ar[3]
-    assert d["margin_fp32"] > 0 and d["tie"] is (d["margin_fp32"] <= gc.FP32_TIE)
+    assert d["margin_fp32"] > 0 and d["tie"] is (d["margin_fp32"] <= equality.FP32_TIE)
 
 
-@pytest.mark.slow
 def test_gpu_check_cpu_smoke(tmp_path):
-    """scripts/gpu_check.sh --cpu-smoke runs every step end to end on tiny shapes (~2-3 min)."""
+    """scripts/gpu_check.sh --cpu-smoke runs every step end to end on tiny shapes (~1 min): the plumbing the GPU
+    run depends on (install check, pytest -m gpu, sweep + summary, report, fast path, equality) cannot rot."""
     out = tmp_path / "out"
     proc = subprocess.run(
         [
@@ -308,13 +300,17 @@ def test_gpu_check_cpu_smoke(tmp_path):
         "env",
         "install",
         "pytest",
-        "equality",
         "sweep",
         "report",
+        "fastpath",
+        "equality",
     ]
     assert json.loads((out / "greedy_equality.json").read_text())["ok"]
     files = {p.name for p in out.iterdir()}
-    assert {"gpu_check.log", "results.tar.gz", "report.md", "ct.csv", "steps.json"} <= files and len(files) <= 8
+    expected = {"gpu_check.log", "steps.json", "pytest_gpu.txt", "report.md", "ct.csv", "fastpath.json"}
+    assert expected | {"greedy_equality.json", "results.tar.gz"} == files  # the device tool returns 8 files at most
+    fast = json.loads((out / "fastpath.json").read_text())
+    assert all(c["same_tokens"] and c["new_shapes_while_timed"] == 0 for c in fast["cases"]) and len(fast["cases"]) == 2
     rounds = runstore.load_sweep(tmp_path / "work" / "runs" / "gpu_check", "rounds")
     assert set(rounds["host_syncs"]) == {1} and rounds["shape_only"].all()
 
@@ -417,7 +413,6 @@ def test_cuda_greedy_equality_fp32():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_cuda_half_precision_decodes_and_reports_margins(dtype):
     """bf16/fp16 on CUDA: decoding runs; any greedy divergence is at a near-tie in fp32."""
-    gc = _gpu_check_module()
     ref = tiny_llama(0, dtype=torch.float32).cuda()
     model = tiny_llama(0, dtype=torch.float32).to(getattr(torch, dtype)).cuda()
     draft = perturbed(model, 0.3, 1)
@@ -427,7 +422,7 @@ def test_cuda_half_precision_decodes_and_reports_margins(dtype):
     spec = speculative_decode(CachedLM(model), ModelDraft(draft), prompts, 4, GREEDY, 24, set())
     assert all(len(t) == 24 for t in spec.tokens) and {r.host_syncs for r in spec.rounds} == {1}
     for p, a, s in zip(prompts, ar, spec.tokens):
-        d = gc.divergence(model, ref, p, a, s, getattr(torch, dtype))
+        d = equality.divergence(model, ref, p, a, s, getattr(torch, dtype))
         if d is not None:
             print(f"{dtype}: diverged at {d['position']}, fp32 margin {d['margin_fp32']:.4f}")
             assert abs(d["margin_fp32"]) <= 1.0, d  # a bug diverges at confident tokens, not near-ties
@@ -450,3 +445,135 @@ def test_cuda_job_records_telemetry(tmp_path):
     assert done["telemetry"]["available"] is True and done["hardware"].startswith("cuda:")
     rounds = pd.read_parquet(job / "rounds.parquet")
     assert set(rounds["host_syncs"]) == {1}
+
+
+# ---------------------------------------------------------------- CUDA paths checked on CPU
+
+
+def test_peak_memory_reads_the_jobs_device(monkeypatch):
+    """A job on cuda:1 resets and reads cuda:1's peak, not the current device's (cuda:0)."""
+    from specbench.bench import memory
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: seen.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: seen.append(("max", device)) or 7)
+    with memory.PeakMemory("cuda:1") as peak:
+        pass
+    assert [(what, str(dev)) for what, dev in seen] == [("reset", "cuda:1"), ("max", "cuda:1")]
+    assert peak.record["peak_cuda_bytes"] == 7
+
+
+def test_draft_auto_on_cuda_skips_kinds_without_a_kernel():
+    """On a device where a weight-only format has no kernel, its layers would dequantize every weight every call:
+    `auto` skips such kinds, a named one is refused with the reason, and jobs record what was skipped."""
+    from specbench.models import quant
+    from specbench.models.draft_kinds import DRAFT_KINDS, device_refusal, resolve_kind
+
+    missing = {f: quant.cuda_kernel_missing(f, torch.bfloat16) for f in ("int8", "int4")}
+    usable = [k for k in DRAFT_KINDS.names() if all(not missing[f] for f in DRAFT_KINDS.get(k).formats)]
+    chosen = resolve_kind("auto", "cuda")
+    assert chosen in usable and DRAFT_KINDS.get(chosen).formats == () or not missing[DRAFT_KINDS.get(chosen).weights]
+    assert DRAFT_KINDS.get("w4a16h8").formats == ("int4", "int8")
+    for kind in DRAFT_KINDS.names():
+        reason = device_refusal(kind, "cuda:0", "bfloat16")
+        assert device_refusal(kind, "cpu") is None
+        if reason:
+            with pytest.raises(ValueError, match=f"draft.kind='{kind}' on cuda"):
+                resolve_kind(kind, "cuda")
+    if missing["int4"]:  # a CPU build of torch: no CUDA kernels at all
+        assert "no CUDA kernel" in device_refusal("w4a16", "cuda") and resolve_kind("auto", "cuda") == "ngram"
+    assert "takes ['bfloat16'] activations, not float32" in quant.cuda_kernel_missing("int4", torch.float32)
+
+
+def test_int4_cuda_packing_has_tinygemms_shapes():
+    """The CUDA int4 path packs with tinygemm's op (not the CPU-only `_for_cpu` one), shapes checked on meta."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from specbench.models import quant
+
+    n, k = 64, 256
+    with FakeTensorMode():
+        q = torch.empty(n, k, dtype=torch.uint8, device="meta")
+        packed = quant.pack_int4_for_cuda(q)
+        assert packed.shape == (n // 8, k // (quant.INT4_INNER_K_TILES * 16), 32, quant.INT4_INNER_K_TILES // 2)
+        sz = torch.empty(k // quant.Int4Linear.GROUP, n, 2, dtype=torch.bfloat16, device="meta")
+        x = torch.empty(3, k, dtype=torch.bfloat16, device="meta")
+        assert torch.ops.aten._weight_int4pack_mm(x, packed, quant.Int4Linear.GROUP, sz).shape == (3, n)
+
+
+# ---------------------------------------------------------------- CUDA: weight-only drafts and the fast path
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_cuda_weight_only_layer_runs_its_kernel(kind):
+    """Each weight-only format on CUDA either runs torch's kernel (equal to its dequantized GEMM, fewer bytes than
+    bf16) or is refused by name; never a crash in a CPU-only op."""
+    from specbench.models import quant
+
+    reason = quant.cuda_kernel_missing(kind, torch.bfloat16)
+    linear = torch.nn.Linear(512, 256, bias=False, dtype=torch.bfloat16, device="cuda")
+    layer = quant.WEIGHT_ONLY_LAYERS[kind](linear)
+    print(f"{kind}: source {layer.source}, rows {layer.kernel_rows}, missing: {reason}")
+    if reason:
+        assert layer.source is None and layer.kernel_rows == 0
+        return
+    assert layer.source == "torch" and layer.kernel_rows > 0
+    x = torch.randn(4, 512, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(layer.kernel(x).float(), layer.gemm(x).float(), atol=0.05, rtol=0.02)
+    kernel_bytes = sum(b.numel() * b.element_size() for b in layer.buffers())
+    assert kernel_bytes < linear.weight.numel() * linear.weight.element_size()
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_fast_path_greedy_equal_no_new_shapes_one_sync_per_round():
+    """The compiled fast path on CUDA (static KV, CUDA graphs): greedy tokens equal the eager oracle's, no shape is
+    compiled while decoding after warm-up, and torch's sync debug mode sees one host sync per round."""
+    from specbench.decoding.forward import ForwardPath, capacity_for, target_ks
+
+    target = tiny_llama(0, dtype=torch.float32).cuda()
+    draft = perturbed(tiny_llama(0, dtype=torch.float32), 0.3, 1).cuda()
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (6, 11, 3, 17)]
+    ar = autoregressive_decode(CachedLM(target), prompts, GREEDY, 24, set()).tokens
+    gamma = 3
+    path = ForwardPath("compiled", "reduce-overhead", capacity_for([17], 24, gamma))
+    path.warm_up(target, len(prompts), target_ks(gamma))
+    path.warm_up(draft, len(prompts), [1, 2])
+    seen: list[int] = []
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            lm = path.lm(target)
+            spec = speculative_decode(
+                lm,
+                ModelDraft(draft, lm=path.lm(draft)),
+                prompts,
+                gamma,
+                GREEDY,
+                24,
+                set(),
+                on_round=lambda seqs, rows: seen.append(len(_sync_warnings(records))),
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert spec.tokens == ar
+    assert path.new_shapes(target, draft) == 0
+    per_round = [b - a for a, b in zip(seen, seen[1:])]
+    assert per_round and set(per_round) == {1}, f"syncs per round {per_round}: {sorted(set(_sync_warnings(records)))}"
+    fast_ar = autoregressive_decode(path.lm(target), prompts, GREEDY, 24, set()).tokens
+    assert fast_ar == ar
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_peak_memory_on_the_jobs_device():
+    from specbench.bench.memory import PeakMemory
+
+    with PeakMemory("cuda:0") as peak:
+        x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda:0")
+    del x
+    assert peak.record["peak_cuda_bytes"] >= 64 << 20

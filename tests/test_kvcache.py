@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
-from conftest import VOCAB, hf_greedy, perturbed
+from conftest import VOCAB, hf_greedy, perturbed, tiny_llama
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
     LlamaConfig,
+    LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -19,6 +22,7 @@ from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.kvcache import CachedLM, attention_windows
 from specbench.decoding.sampling import SamplingConfig
+from specbench.decoding.static_kv import StaticLM
 
 WINDOW = 8
 MIXED = ["sliding_attention", "full_attention", "sliding_attention"]
@@ -156,3 +160,39 @@ def test_prefill_computes_logits_for_the_last_position_only(target, close_draft,
         with torch.inference_mode():
             ref = target(input_ids=torch.tensor([prompt])).logits[0, -1]
         torch.testing.assert_close(logits[row], ref, rtol=1e-12, atol=1e-12)
+
+
+BASE_CACHE_KEYWORD = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+class PastKeyValuesLlama(LlamaForCausalLM):
+    """transformers < 5.24's forward: the cache is `past_key_values`, and an unknown keyword is dropped."""
+
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, **kwargs
+    ):
+        keep = kwargs.get("logits_to_keep", 0)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **{BASE_CACHE_KEYWORD: past_key_values},
+            use_cache=use_cache,
+            logits_to_keep=keep,
+        )
+
+
+@pytest.mark.parametrize("lm_kind", ["eager", "static"])
+def test_caches_reach_a_forward_that_names_them_past_key_values(lm_kind, prompts):
+    """The GPU image's transformers (5.17) calls the cache `past_key_values`: both KV caches must hand theirs
+    over by that name there, or the model silently runs without it (incremental logits != a full forward)."""
+    base = tiny_llama(0)
+    model = PastKeyValuesLlama(base.config).to(torch.float64).eval()
+    model.load_state_dict(base.state_dict())
+    lm = CachedLM(model) if lm_kind == "eager" else StaticLM(model, capacity=64)
+    ids = prompts[1]
+    with torch.inference_mode():
+        lm.prefill([ids[:3]])
+        inc = lm.feed(torch.tensor([ids[3:]]))[0]
+        full = base(input_ids=torch.tensor([ids])).logits[0, 3:]
+    torch.testing.assert_close(inc, full)

@@ -92,10 +92,13 @@ def test_auto_draft_on_avx2_with_half_weights_forced_is_ngram(monkeypatch, dtype
     assert Config(pair=PairConfig(dtype="auto")).draft.kind == "w4a16h8"
 
 
-def test_auto_draft_on_gpu_does_not_read_the_cpu():
-    from specbench.models.draft_kinds import DEFAULT_DRAFTS, resolve_kind
+def test_auto_draft_on_gpu_does_not_read_the_cpu(monkeypatch):
+    from specbench.bench import envinfo
+    from specbench.models.draft_kinds import DEFAULT_DRAFTS, device_refusal, resolve_kind
 
-    assert resolve_kind("auto", "cuda:1") == DEFAULT_DRAFTS["cuda"][0]
+    monkeypatch.setattr(envinfo, "cpu_class", lambda: pytest.fail("read the CPU class for a CUDA job"))
+    usable = [k for k in DEFAULT_DRAFTS["cuda"] if not device_refusal(k, "cuda:1")]
+    assert resolve_kind("auto", "cuda:1") == usable[0]
 
 
 def test_missing_gguf_path(tmp_path):

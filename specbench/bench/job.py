@@ -32,7 +32,7 @@ from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for
 from specbench.decoding.records import LLAMA_CPP_DECODERS
 from specbench.llama_cpp.servers import JobServers, bench_llama_ct
-from specbench.models.draft_kinds import DRAFT_KINDS, takes_decode_kv
+from specbench.models.draft_kinds import DRAFT_KINDS, device_refusal, takes_decode_kv
 from specbench.models.kernels import linear_kernels
 from specbench.models.loading import fastest_cpu_dtype
 from specbench.models.pair import Pair, load_pair
@@ -172,6 +172,10 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
             **auto_dtype_record(cfg),
             "draft_kernel_rows": kernel_choices(pair.draft_model) if pair.draft_model is not None else {},
             "draft_kernel_sources": kernel_sources(pair.draft_model) if pair.draft_model is not None else {},
+            # draft=auto's choice on this device: the kinds it skipped, with the reason (no kernel there)
+            "draft_refused": {
+                k: r for k in DRAFT_KINDS.names() if (r := device_refusal(k, cfg.pair.device, cfg.pair.dtype))
+            },
             "cpu_linear": {  # bf16 linears on CPU: per shape, the rows up to which ATen's gemv runs (pair.cpu_linear)
                 "setting": cfg.pair.cpu_linear,
                 "target_gemv_rows": linear_kernels(pair.target),

@@ -41,18 +41,19 @@ class PeakMemory:
     """`with PeakMemory(device) as peak: ...` then `peak.record` = {peak_rss_bytes, peak_cuda_bytes, rss_scope}."""
 
     def __init__(self, device: str | torch.device) -> None:
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.record: dict[str, Any] = {}
 
     def __enter__(self) -> PeakMemory:
         self._scoped = reset_rss_high_water()
         if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(self.device)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.record = {
             "peak_rss_bytes": rss_high_water_bytes(),
-            "peak_cuda_bytes": int(torch.cuda.max_memory_allocated()) if self.cuda else None,
+            "peak_cuda_bytes": int(torch.cuda.max_memory_allocated(self.device)) if self.cuda else None,
             "rss_scope": "job" if self._scoped else "process",
         }

@@ -27,6 +27,8 @@ them (`{"full_attention": m, "sliding_attention": m2}`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -38,6 +40,18 @@ from specbench.decoding.timing import to_device, to_host
 # eager: additive 0 / dtype-min). Any other gets the 2D mask and builds its own.
 _OWN_MASK = ("sdpa", "eager")
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # transformers' layer_types names
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def with_cache(model: PreTrainedModel, cache) -> dict:
+    """The forward keyword for a KV cache: `cache` in transformers >= 5.24, `past_key_values` before (the
+    GPU image ships 5.17; a wrong name is swallowed by **kwargs and the cache silently ignored)."""
+    return {_cache_keyword(type(model)): cache}
 
 
 def attention_windows(config) -> dict[str, int | None]:
@@ -162,7 +176,7 @@ class CachedLM:
             x = to_device([ids], self.device)
             # logits_to_keep=1: only the last position is sampled (the lm_head over every
             # prompt position cost ~20% of prefill, paid by target and draft alike).
-            out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=x, **with_cache(self.model, cache), use_cache=True, logits_to_keep=1)
             per_row.append(cache)
             last_logits.append(out.logits[0, -1])
         width = max(len(ids) for ids in prompts)
@@ -232,7 +246,7 @@ class CachedLM:
             input_ids=tokens,
             attention_mask=self._attention_mask(k, positions),
             position_ids=positions,
-            cache=self.cache,
+            **with_cache(self.model, self.cache),
             use_cache=True,
         )
         self.n_valid = self.n_valid + k

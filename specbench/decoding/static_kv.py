@@ -29,7 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specbench.decoding.attention import GROUPED, symbolic_columns
-from specbench.decoding.kvcache import attention_windows, check_prefill_source
+from specbench.decoding.kvcache import attention_windows, check_prefill_source, with_cache
 from specbench.decoding.timing import to_device, to_host
 from specbench.models import cpu_matvec
 from specbench.models.matvec_fusion import FUSION_PASS, weights_fingerprint
@@ -151,7 +151,11 @@ class StaticLM:
             masks = {t: torch.zeros_like(m, dtype=self.model.dtype).masked_fill(~m, low) for t, m in masks.items()}
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
         out = self.model(
-            input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            **with_cache(self.model, self.cache),
+            use_cache=True,
         )
         return out.logits
 
@@ -172,7 +176,7 @@ class StaticLM:
                 cache = DynamicCache()
                 x = to_device([ids], self.device)
                 # The shared model (its own attention): a prompt-long prefill is what SDPA is fast at.
-                out = self.source(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+                out = self.source(input_ids=x, **with_cache(self.source, cache), use_cache=True, logits_to_keep=1)
                 done[tuple(ids)] = cache, out.logits[0, -1]
             cache, logits = done[tuple(ids)]
             per_row.append(cache)

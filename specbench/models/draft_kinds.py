@@ -39,6 +39,12 @@ class DraftKind:
     uses_pair_draft: bool = False  # needs pair.draft (a separate model)
     has_model: bool = True  # a draft model exists (transformers' assisted generation can drive it)
     weights: str | None = None  # a weight-only copy of the target: its format ('int8' | 'int4'; dtype=auto times it)
+    head: str | None = None  # the output head's format where it differs from `weights`
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """Every weight-only format the draft's layers use (each needs a kernel on the job's device)."""
+        return tuple(dict.fromkeys(f for f in (self.weights, self.head) if f))
 
     def row_label(self, target: str, pair_cfg: PairConfig, draft_cfg: DraftConfig) -> str:
         """The draft's name in rows: `label`, plus the head's vocabulary size when it is restricted."""
@@ -53,7 +59,8 @@ AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kin
 # scripts/bench_fast_path.py on that class (2 threads, 8 Spec-Bench prompts, greedy; folders in analysis/).
 # A kind moves up only when a run separates it: on AMX w4a16h8 / W8A16 was 1.10x [1.01, 1.26] per prompt
 # at gamma 5; n-gram lookup had about w4a16h8's median but ran 0.35-1.34x of it by prompt.
-# "cuda": never measured here (no GPU); the earlier default.
+# "cuda": a kind whose formats have no CUDA kernel in this torch is skipped (`device_refusal`); int4 first, as it
+# streams a quarter of the bf16 bytes (analysis/gpu_h200/).
 DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     "amx": ("w4a16h8", "w8a16", "ngram", "w4a16"),  # fast_path_w4a16h8_concat_cpu_amx/
     "avx512": ("w8a16", "ngram", "w4a16"),  # fast_path_2threads_co_cpu_avx512/, draft_cpu_tuned_linears_avx512/
@@ -65,18 +72,40 @@ DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     # bf16 gemv there (int8 0.56-0.85x, int4 0.93-1.22x per layer: weight_only_kernels/, cpu_linear_avx2_only/)
     "avx2_bf16": ("ngram", "w8a16"),
     "other": ("ngram", "w8a16"),  # no vector kernels to speak of: no model draft can be cheap
-    "cuda": ("w8a16", "ngram"),
+    "cuda": ("w4a16", "w8a16", "ngram"),
 }
 
 
 def resolve_kind(kind: str, device: str, needs_model: bool = False, dtype: str = "auto") -> str:
     """`kind`, or for `auto` the best default draft kind on `device` ('cpu', 'cuda', 'cuda:N') of this
     machine and the pair's `dtype` (a forced half dtype keeps AVX2 drafts off specbench's fp32 kernels):
-    with `needs_model` (transformers' assisted generation drives the draft) the best with a model."""
+    with `needs_model` (transformers' assisted generation drives the draft) the best with a model. A kind
+    with no kernel on the device (`device_refusal`) is skipped by `auto` and refused when named."""
     if kind != AUTO:
+        reason = device_refusal(kind, device, dtype)
+        if reason:
+            usable = [k for k in DRAFT_KINDS.names() if not device_refusal(k, device, dtype)]
+            raise ValueError(f"draft.kind={kind!r} on {device}: {reason}; usable there: {usable}")
         return kind
     ranked = DEFAULT_DRAFTS[draft_class(device, dtype)]
-    return next(k for k in ranked if DRAFT_KINDS.get(k).has_model or not needs_model)
+    return next(
+        k for k in ranked if (DRAFT_KINDS.get(k).has_model or not needs_model) and not device_refusal(k, device, dtype)
+    )
+
+
+def device_refusal(kind: str, device: str, dtype: str = "auto") -> str | None:
+    """Why weight-only draft `kind` has no kernel on a CUDA `device` (its layers would dequantize every weight on
+    every call, costing more than the target); None where it has one, or is not weight-only, or not on CUDA."""
+    formats = DRAFT_KINDS.get(kind, "draft.kind").formats
+    if not formats or not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    from specbench.models.quant import cuda_kernel_missing
+
+    activations = getattr(torch, "bfloat16" if dtype == "auto" else dtype)  # auto is bf16 on every GPU it runs on
+    reasons = [r for f in formats if (r := cuda_kernel_missing(f, activations))]
+    return "; ".join(reasons) or None
 
 
 def draft_class(device: str, dtype: str) -> str:
@@ -172,6 +201,7 @@ DRAFT_KINDS.register(
         label=lambda target, p, d: f"w4a16h8({target})",
         build=_model_draft,
         weights="int4",
+        head="int8",
     ),
 )
 DRAFT_KINDS.register(

@@ -25,16 +25,44 @@ from specbench.models.kernels import PROBE_ROWS
 from specbench.models.vocab import SubsetHead, restrict_head
 
 TORCH_KERNEL_DTYPES = {"int8": (torch.bfloat16,), "int4": (torch.bfloat16, torch.float16, torch.float32)}
+# CUDA: torch's weight-only ops (tinygemm for int4) and the activation dtypes they take. Without one, a layer would
+# dequantize its whole weight on every call and cost more than the bf16 target it drafts for: such a kind is refused.
+CUDA_KERNELS = {
+    "int8": ("_weight_int8pack_mm", (torch.bfloat16, torch.float16)),
+    "int4": ("_weight_int4pack_mm", (torch.bfloat16,)),
+}
+CUDA_KERNEL_ROWS = 256  # on CUDA the kernel runs up to this many rows (decode steps and verifies), the GEMM past it
+INT4_INNER_K_TILES = 8  # tinygemm's packing: in_features must be a multiple of 16 x this
+
+
+def cuda_kernel_missing(kind: str, dtype: torch.dtype) -> str | None:
+    """Why this torch has no CUDA kernel for weight-only `kind` with `dtype` activations; None when it has one."""
+    op, dtypes = CUDA_KERNELS[kind]
+    if dtype not in dtypes:
+        return f"torch's CUDA {kind} kernel ({op}) takes {[str(d).removeprefix('torch.') for d in dtypes]} activations, not {str(dtype).removeprefix('torch.')}"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CUDA"):
+        return f"torch {torch.__version__} has no CUDA kernel for aten::{op}"
+    return None
 
 
 def kernel_source(kind: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> str | None:
     """Whose weight-only `kind` kernel runs for activations in `dtype`: 'specbench' (`cpu_matvec`, float32
-    on CPUs with AVX2), 'torch' (its CPU kernels), or None where neither applies (the layer dequantizes)."""
-    if torch.device(device).type != "cpu":
+    on CPUs with AVX2), 'torch' (its CPU kernels, or its CUDA ones where `cuda_kernel_missing` finds them), or
+    None where neither applies (the layer dequantizes)."""
+    kind_of_device = torch.device(device).type
+    if kind_of_device == "cuda":
+        return None if cuda_kernel_missing(kind, dtype) else "torch"
+    if kind_of_device != "cpu":
         return None
     if dtype == torch.float32 and cpu_matvec.available():
         return "specbench"
     return "torch" if dtype in TORCH_KERNEL_DTYPES[kind] else None
+
+
+def pack_int4_for_cuda(q: torch.Tensor) -> torch.Tensor:
+    """q [n, k] in 0..15 -> tinygemm's layout (`_convert_weight_to_int4pack`): two nibbles a byte, even column high."""
+    q = q.to(torch.uint8)
+    return torch.ops.aten._convert_weight_to_int4pack((q[:, ::2] << 4) | q[:, 1::2], INT4_INNER_K_TILES)
 
 
 def _median_time(run, x: torch.Tensor) -> float:
@@ -102,7 +130,9 @@ class WeightOnlyLinear(nn.Module):
         """Set `source` (whose kernel, `kernel_source`) and `kernel_rows` (measured when `probe`, else every row)."""
         dtype = self.activation_dtype
         self.source = kernel_source(self.KIND, dtype, device)
-        if probe:
+        if torch.device(device).type == "cuda":
+            self.kernel_rows = CUDA_KERNEL_ROWS if self.source else 0
+        elif probe:
             self.kernel_rows = kernel_rows(self.KIND, self.out_features, self.in_features, dtype, device)
         else:
             self.kernel_rows = max(PROBE_ROWS) if self.source else 0
@@ -110,7 +140,7 @@ class WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.dtype == self.activation_dtype and flat.device.type == "cpu" and flat.shape[0] <= self.kernel_rows:
+        if flat.dtype == self.activation_dtype and flat.shape[0] <= self.kernel_rows:  # kernel_rows: 0 without one
             y = self.kernel(flat)
         else:
             y = self.gemm(flat)
@@ -169,12 +199,18 @@ class Int4Linear(WeightOnlyLinear):
         sz = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(linear.weight.dtype)
         self.in_features, self.out_features = k, n
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
-        if kernel_source(self.KIND, sz.dtype, linear.weight.device) == "specbench":
+        device = linear.weight.device
+        source = kernel_source(self.KIND, sz.dtype, device)
+        if source == "specbench":
             # its buffers: what its kernel streams (w = q·scale + low per group)
             self.register_buffer("nibbles", cpu_matvec.pack_nibbles(self.unpacked))
             self.register_buffer("group_scale", scale.contiguous())
             self.register_buffer("group_low", low.contiguous())
             self.scales_zeros = sz  # the GEMM path's, like `unpacked`
+        elif device.type == "cuda":
+            if source == "torch":
+                self.register_buffer("packed", pack_int4_for_cuda(self.unpacked))
+            self.register_buffer("scales_zeros", sz)
         else:
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
             self.register_buffer("scales_zeros", sz)  # the activations' dtype: no cast per call
@@ -195,6 +231,8 @@ class Int4Linear(WeightOnlyLinear):
         if self.source == "specbench":
             return cpu_matvec.int4_matvec(flat.contiguous(), self.nibbles, self.group_scale, self.group_low)
         sz = self.scales_zeros.to(flat.dtype)
+        if flat.device.type == "cuda":
+            return torch.ops.aten._weight_int4pack_mm(flat.contiguous(), self.packed, self.GROUP, sz)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.GROUP, sz)
 
     def gemm(self, flat: torch.Tensor) -> torch.Tensor:

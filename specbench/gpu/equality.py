@@ -1,8 +1,5 @@
 #!/usr/bin/env python
-"""Device-check helpers for scripts/gpu_check.sh (run on a GPU machine; CPU for a smoke test).
-
-    python scripts/gpu_check.py equality --device cuda --out greedy_equality.json
-    python scripts/gpu_check.py ct --device cuda --shape llama-3.1-8b --dtype bfloat16 --out ct.parquet
+"""Greedy equality on shape-only models (`python -m specbench.gpu equality`; scripts/gpu_check.sh runs it).
 
 `equality`: speculative vs autoregressive greedy decoding on shape-only models (random
 weights, so no downloads), per dtype. In float32 the outputs must be identical; a
@@ -10,21 +7,13 @@ divergence is reported with the logit margin at the first differing token, compu
 again in float32, so a numerics near-tie (DESIGN.md: bf16 verification of k tokens and
 one-at-a-time decoding round differently) is told apart from a bug. Exit status 1 when
 a float32 case diverges at a token whose float32 margin is not a tie.
-
-`ct`: the C_t(k) micro-benchmark (`specbench.bench.microbench`, which every job also runs at
-its own batch size and context) for a shape-only target at any batch sizes and context,
-standalone: writes the table `python -m specbench.report --ct` and
-`specbench.analysis.timing.TimingProfile` read (hardware, dtype, target, batch_size, k, context_len,
-t_forward seconds, repeat).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -102,7 +91,7 @@ def divergence(
     }
 
 
-def equality(args) -> int:
+def run(args) -> int:
     device = torch.device(args.device)
     overrides = {"initializer_range": args.init_range} if args.init_range else {}
     if args.layers:
@@ -209,105 +198,3 @@ def equality(args) -> int:
         Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"greedy equality: {'PASS' if bad == 0 else f'FAIL ({bad} cases)'}")
     return 0 if bad == 0 else 1
-
-
-@torch.inference_mode()
-def ct_bench(
-    shape: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    batch_sizes: list[int],
-    ks: list[int],
-    context_len: int,
-    repeats: int,
-    layers: int | None = None,
-    seed: int = 0,
-):
-    """`specbench.microbench.bench_target_forward` on a shape-only target, per batch size,
-    with the keys the cost model matches on (what a job's own ct.parquet holds)."""
-    import pandas as pd
-
-    from specbench.bench.microbench import bench_target_forward
-
-    config = shape_config(shape, **({"num_hidden_layers": layers} if layers else {}))
-    model = build_shape_only_model(config, dtype=dtype, device=device, seed=seed)
-    rows = []
-    for batch in batch_sizes:
-        rows += bench_target_forward(model, batch, ks, context_len=context_len, repeats=repeats, seed=seed)
-        print(
-            f"  batch {batch}: C_t(1) {_median(rows, batch, ks[0]) * 1e3:.2f} ms, "
-            f"C_t({ks[-1]}) {_median(rows, batch, ks[-1]) * 1e3:.2f} ms",
-            flush=True,
-        )
-    df = pd.DataFrame(rows)
-    df.insert(0, "hardware", hardware_label(device))
-    df.insert(1, "dtype", str(dtype).removeprefix("torch."))
-    df.insert(2, "target", shape)
-    df["shape_only"] = True
-    return df
-
-
-def _median(rows, batch, k) -> float:
-    ts = sorted(r["t_forward"] for r in rows if r["batch_size"] == batch and r["k"] == k)
-    return ts[len(ts) // 2]
-
-
-def ct(args) -> int:
-    t0 = time.perf_counter()
-    df = ct_bench(
-        args.shape,
-        _dtype(args.dtype),
-        torch.device(args.device),
-        args.batch_sizes,
-        list(range(1, args.k_max + 1)),
-        args.context,
-        args.repeats,
-        args.layers,
-    )
-    out = Path(args.out)
-    df.to_parquet(out, index=False) if out.suffix == ".parquet" else df.to_csv(out, index=False)
-    print(f"wrote {out}: {len(df)} rows in {time.perf_counter() - t0:.1f} s")
-    return 0
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("equality", help="greedy equality: speculative vs autoregressive, per dtype")
-    e.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    e.add_argument("--shape", default="llama-3.2-1b", help="shape preset of the target (and of its perturbed draft)")
-    e.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (smaller = faster)")
-    e.add_argument(
-        "--init-range",
-        type=float,
-        default=None,
-        help="override initializer_range (larger: peakier p, fewer near-ties, lower acceptance)",
-    )
-    e.add_argument("--noise", type=float, default=0.05, help="draft = target + noise * std (per tensor)")
-    e.add_argument("--dtypes", default="float32,bfloat16")
-    e.add_argument("--gammas", type=_ints, default=[1, 4])
-    e.add_argument("--batch", type=int, default=4)
-    e.add_argument("--prompt-tokens", type=int, default=24)
-    e.add_argument("--new-tokens", type=int, default=32)
-    e.add_argument("--out", default=None, help="JSON results")
-    c = sub.add_parser("ct", help="C_t(k) micro-benchmark of the target forward")
-    c.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    c.add_argument("--shape", default="llama-3.1-8b")
-    c.add_argument("--layers", type=int, default=None)
-    c.add_argument("--dtype", default="bfloat16")
-    c.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64])
-    c.add_argument("--k-max", type=int, default=16)
-    c.add_argument("--context", type=int, default=144, help="context length (prompt + about half the output)")
-    c.add_argument("--repeats", type=int, default=5)
-    c.add_argument("--out", required=True, help=".parquet or .csv")
-    args = ap.parse_args(argv)
-    torch.manual_seed(0)
-    return {"equality": equality, "ct": ct}[args.cmd](args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
