@@ -2,6 +2,7 @@
 # specbench device check: one GPU, no internet, under 8 minutes.
 #
 #   bash scripts/gpu_check.sh [--out DIR] [--wheels DIR] [--budget SECONDS] [--work DIR]
+#   bash scripts/gpu_check.sh --only pytest,fastpath             # those steps alone (after env and install)
 #   bash scripts/gpu_check.sh --cpu-smoke [--out DIR]     # the same plumbing on CPU, tiny shapes (~2-3 min)
 #   bash scripts/gpu_check.sh --fetch-wheels [--wheels DIR]  # where PyPI is reachable: fill the wheel folder
 #   bash scripts/gpu_check.sh --rehearse [--wheels DIR]      # install the wheels beside the image's versions (Python 3.12)
@@ -43,6 +44,7 @@ OUTDIR="${OUT:-}"
 WORK=""
 WHEELS=wheels
 BUDGET=470
+ONLY=""  # --only pytest,fastpath: run those steps (env and install always run)
 PY="${PYTHON:-python3}"
 
 usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -56,6 +58,7 @@ while [ $# -gt 0 ]; do
     --work) WORK="$2"; shift ;;
     --wheels) WHEELS="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
+    --only) ONLY=",$2,"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -126,6 +129,9 @@ FAILED=()
 step() {
   local name=$1 cap=$2; shift 2
   local now left t rc status begin
+  if [ -n "$ONLY" ] && [ "$name" != env ] && [ "$name" != install ] && [[ "$ONLY" != *",$name,"* ]]; then
+    echo "=== $name: not asked for (--only)"; return
+  fi
   now=$(date +%s); left=$((BUDGET - (now - START)))
   if [ "$left" -lt 15 ]; then
     echo "=== $name: SKIPPED (${left}s of the ${BUDGET}s budget left)"
@@ -214,7 +220,7 @@ equality() {
 
 fastpath() {
   if [ "$MODE" = gpu ]; then
-    "$PY" -m specbench.gpu fastpath --device cuda --layers 8 --batch-sizes 1,16 --gamma 4 --new-tokens 32 \
+    "$PY" -m specbench.gpu fastpath --device cuda --layers 8 --batch-sizes "${FASTPATH_BATCHES:-1,16}" --gamma 4 --new-tokens 32 \
       --repeats 3 --compile-mode reduce-overhead --out "$OUTDIR/fastpath.json"
   else  # the static path uncompiled: the same code but inductor, which costs minutes on CPU
     "$PY" -m specbench.gpu fastpath --device cpu --target-shape tiny-llama --draft-shape tiny-llama --dtype float32 \
@@ -231,7 +237,7 @@ sweep() {
     args=(pair=tiny gamma=1,2 batch_size=1,2 max_new_tokens=6 workload.prompt_tokens=12 repeats=1 warmup=0)
   fi
   "$PY" -m specbench draft=model workload=synthetic +sweep=gpu_check "${args[@]}" \
-      runs_dir="$WORK/runs" sweep_name=gpu_check report=false 2>&1 | grep -v 'batch/s' | tee "$WORK/sweep_summary.txt"
+      runs_dir="$WORK/runs" sweep_name=gpu_check report=false 2>&1 | grep --line-buffered -v 'batch/s' | tee "$WORK/sweep_summary.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
   "$PY" -m specbench.gpu summary "$WORK/runs/gpu_check" | tee -a "$WORK/sweep_summary.txt"
   return "${PIPESTATUS[0]}"

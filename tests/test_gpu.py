@@ -414,8 +414,9 @@ def test_cuda_greedy_equality_fp32():
 def test_cuda_half_precision_decodes_and_reports_margins(dtype):
     """bf16/fp16 on CUDA: decoding runs; any greedy divergence is at a near-tie in fp32."""
     ref = tiny_llama(0, dtype=torch.float32).cuda()
-    model = tiny_llama(0, dtype=torch.float32).to(getattr(torch, dtype)).cuda()
-    draft = perturbed(model, 0.3, 1)
+    model = tiny_llama(0, dtype=torch.float32).to(getattr(torch, dtype))
+    draft = perturbed(model, 0.3, 1).cuda()  # conftest's noise is drawn on the CPU
+    model = model.cuda()
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (6, 11, 3, 17)]
     ar = autoregressive_decode(CachedLM(model), prompts, GREEDY, 24, set()).tokens

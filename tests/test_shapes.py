@@ -85,13 +85,14 @@ def test_overrides_and_errors() -> None:
 def test_build_directly_on_gpu() -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()  # what earlier tests in the process still hold counts in the peak
     cfg = shapes.shape_config("llama-3.2-1b", num_hidden_layers=4)
     model = shapes.build_shape_only_model(cfg, dtype=torch.bfloat16, device="cuda", seed=0)
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert {p.device.type for p in model.parameters()} == {"cuda"}
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     # built in bf16 on the GPU: peak is about the bf16 size, never an fp32 copy (2x)
-    assert torch.cuda.max_memory_allocated() < 1.5 * n_bytes
+    assert torch.cuda.max_memory_allocated() - before < 2 * n_bytes  # H200: 1.52x (one embedding-sized temporary)
     ids = torch.randint(0, cfg.vocab_size, (2, 16), device="cuda")
     with torch.inference_mode():
         assert model(input_ids=ids).logits.shape == (2, 16, cfg.vocab_size)

@@ -43,15 +43,16 @@ FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # tra
 
 
 @functools.cache
-def _cache_keyword(model_class: type) -> str:
+def cache_keyword(model_class: type) -> str:
+    """The forward keyword for a KV cache: `cache` in transformers >= 5.24, `past_key_values` before (the GPU
+    image ships 5.17; a wrong name is swallowed by **kwargs and the cache silently ignored)."""
     params = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
 def with_cache(model: PreTrainedModel, cache) -> dict:
-    """The forward keyword for a KV cache: `cache` in transformers >= 5.24, `past_key_values` before (the
-    GPU image ships 5.17; a wrong name is swallowed by **kwargs and the cache silently ignored)."""
-    return {_cache_keyword(type(model)): cache}
+    """`{cache_keyword: cache}` for `model`'s forward."""
+    return {cache_keyword(type(model)): cache}
 
 
 def attention_windows(config) -> dict[str, int | None]:

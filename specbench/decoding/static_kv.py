@@ -29,7 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specbench.decoding.attention import GROUPED, symbolic_columns
-from specbench.decoding.kvcache import attention_windows, check_prefill_source, with_cache
+from specbench.decoding.kvcache import attention_windows, cache_keyword, check_prefill_source, with_cache
 from specbench.decoding.timing import to_device, to_host
 from specbench.models import cpu_matvec
 from specbench.models.matvec_fusion import FUSION_PASS, weights_fingerprint
@@ -104,6 +104,7 @@ class StaticLM:
             if model.device.type == "cpu" and model.dtype == torch.float32:
                 cpu_matvec.available()  # built and loaded before a compile asks `attention.one_query_kernel`
         self.additive_mask = self.model.config._attn_implementation in ADDITIVE_MASKS
+        self.cache_keyword = cache_keyword(type(self.model))
         self.device = model.device
         self.windows = attention_windows(model.config)
         self.capacity = capacity
@@ -154,7 +155,7 @@ class StaticLM:
             input_ids=tokens,
             attention_mask=mask,
             position_ids=positions,
-            **with_cache(self.model, self.cache),
+            **{self.cache_keyword: self.cache},  # read once in __init__: dynamo would trace the lookup's cache
             use_cache=True,
         )
         return out.logits
@@ -388,7 +389,8 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     # default limit (50 ops) let q's rotary embedding (cos, sin, mul, add) be recomputed for every key
     # column inside the fused attention reduction: 104 us a layer, a third of a 9.2 ms W4A16 draft step
     # (AMX Xeon, 2 threads; scripts/profile_step.py). Realizing producers past 10 ops stores q once: 45 us.
-    inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
+    if hasattr(inductor, "realize_cpu_opcount_threshold"):  # absent in torch 2.11 (the GPU image's)
+        inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
     # specbench's weight-only ops on one input (q/k/v, gate/up) run as one call (`matvec_fusion`)
     if inductor.post_grad_custom_pre_pass is None:
         inductor.post_grad_custom_pre_pass = FUSION_PASS
