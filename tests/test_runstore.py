@@ -268,3 +268,19 @@ def test_sigkill_mid_write_leaves_no_partial_table(tmp_path: Path) -> None:
             assert _files(job) == set()  # temp files and stale tables all gone
             break
     assert caught_tmp, "the kill never landed during a write (3 tries)"
+
+
+def test_prepare_job_dir_deletes_only_what_specbench_wrote(tmp_path: Path) -> None:
+    job = tmp_path / "sweep" / "gamma=4"
+    rs.prepare_job_dir(job)
+    rs.write_table(job, "rounds", pd.DataFrame({"a": [1]}))
+    (job / "notes.txt").write_text("mine\n")  # a user's file in a specbench job folder
+    assert rs.prepare_job_dir(job) is True
+    assert _files(job) == {"notes.txt"}
+    # a non-empty folder that specbench never prepared is refused, and nothing in it is touched
+    other = tmp_path / "keep"
+    other.mkdir()
+    (other / "notes.txt").write_text("x\n")
+    with pytest.raises(rs.ForeignDirError, match=f"{other}.*not a specbench job folder"):
+        rs.prepare_job_dir(other)
+    assert _files(other) == {"notes.txt"} and not (other / rs.MARK_DIR).exists()
