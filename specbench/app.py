@@ -18,12 +18,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.bench.jobkeys import JobConflict, register_resolver
+from specbench.bench.runstore import ForeignDirError
 from specbench.config import Config, register_configs
 
 log = logging.getLogger("specbench")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 register_configs()
+register_resolver()
 
 
 def to_config(cfg: DictConfig) -> Config:
@@ -36,11 +39,7 @@ def main(cfg: DictConfig) -> None:
     """One job, or one `+tune=gamma` run. In a multirun (`+sweep=...`, `-m`), Hydra calls
     `SweepSummary.on_multirun_end` after the last job: registered in conf/config.yaml under
     `hydra.callbacks.sweep_summary`, it prints the summary table and writes the sweep report."""
-    try:
-        config = to_config(cfg)
-    except ValueError as exc:  # a bad value: say which, and what is allowed; no traceback
-        print(f"specbench: invalid config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    config = _validated(cfg)
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     if config.threads:
         import torch
@@ -55,6 +54,9 @@ def main(cfg: DictConfig) -> None:
 
     try:
         ran = run_job(config, job_dir, OmegaConf.to_yaml(cfg, resolve=True))
+    except (ForeignDirError, JobConflict) as exc:  # a folder not ours, or results of another config: touch nothing
+        print(f"specbench: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except Exception as exc:  # already written to failure.json by run_job
         log.error("FAILED %s: %s: %s", job_dir, type(exc).__name__, exc)
         if HydraConfig.get().mode.name != "MULTIRUN":
@@ -64,6 +66,14 @@ def main(cfg: DictConfig) -> None:
         log.info("already done, skipped: %s (force=true re-runs it)", job_dir)
     elif HydraConfig.get().mode.name != "MULTIRUN":
         print(_summary(job_dir))
+
+
+def _validated(cfg: DictConfig) -> Config:
+    try:
+        return to_config(cfg)
+    except ValueError as exc:  # a bad value: say which, and what is allowed; no traceback
+        print(f"specbench: invalid config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _summary(sweep_dir: Path) -> str:

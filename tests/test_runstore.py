@@ -270,6 +270,30 @@ def test_sigkill_mid_write_leaves_no_partial_table(tmp_path: Path) -> None:
     assert caught_tmp, "the kill never landed during a write (3 tries)"
 
 
+# ------------------------------------------------------------------ issue 41: folders, names, claims, machines
+
+TINY_JOB = ["pair=tiny", "workload=synthetic", "workload.n_prompts=2", "max_new_tokens=8", "warmup=0", "draft=ngram"]
+TINY_JOB += ["report=false", "threads=1"]
+_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _sb(args: list[str], cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """`python -m specbench <args>` in `cwd`, a real Hydra run."""
+    return subprocess.run(
+        [sys.executable, "-m", "specbench", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env or _ENV,
+        **kw,
+    )
+
+
+def _done_jobs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob(rs.DONE_FILE))
+
+
 def test_prepare_job_dir_deletes_only_what_specbench_wrote(tmp_path: Path) -> None:
     job = tmp_path / "sweep" / "gamma=4"
     rs.prepare_job_dir(job)
@@ -284,3 +308,61 @@ def test_prepare_job_dir_deletes_only_what_specbench_wrote(tmp_path: Path) -> No
     with pytest.raises(rs.ForeignDirError, match=f"{other}.*not a specbench job folder"):
         rs.prepare_job_dir(other)
     assert _files(other) == {"notes.txt"} and not (other / rs.MARK_DIR).exists()
+
+
+def test_a_job_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("x\n")
+    result = _sb([*TINY_JOB, "hydra.run.dir=keep"], tmp_path)
+    assert (keep / "notes.txt").read_text() == "x\n"
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = [ln for ln in result.stderr.splitlines() if "specbench:" in ln]
+    assert "keep" in line and "not a specbench job folder" in line and "Traceback" not in result.stderr
+    assert not (keep / "config.yaml").exists()
+
+
+def test_values_with_slashes_and_dotdot_neither_merge_jobs_nor_leave_runs(tmp_path: Path) -> None:
+    args = ["-m", "gamma=1,2", *TINY_JOB, "workload.name=../../../outside/w", "runs_dir=runs", "sweep_name=s"]
+    result = _sb(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"], "a job folder left runs/"
+    jobs = _done_jobs(tmp_path / "runs" / "s")
+    assert len(jobs) == 2, jobs
+    gammas = {int(pd.read_parquet(j / "requests.parquet").gamma_setting.iloc[0]) for j in jobs}
+    assert gammas == {1, 2}
+    assert all(j.parent == tmp_path / "runs" / "s" for j in jobs)
+
+
+def test_sweep_name_cannot_climb_out_of_runs(tmp_path: Path) -> None:
+    result = _sb([*TINY_JOB, "runs_dir=runs", "sweep_name=../out"], tmp_path)
+    assert result.returncode == 2 and "sweep_name='../out': must be a folder inside runs_dir" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "something was written"
+
+
+def test_a_done_job_with_another_config_is_an_error_naming_both(tmp_path: Path) -> None:
+    preset = tmp_path / "conf" / "sweep" / "mine.yaml"
+    preset.parent.mkdir(parents=True)
+    preset.write_text("# @package _global_\nsweep_name: mine\nmax_new_tokens: 8\n")
+    args = ["--config-dir", str(tmp_path / "conf"), "+sweep=mine", *TINY_JOB[:3], "warmup=0", "draft=ngram"]
+    args += ["report=false", "runs_dir=runs"]
+    first = _sb(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    preset.write_text("# @package _global_\nsweep_name: mine\nmax_new_tokens: 6\n")  # the preset was edited
+    second = _sb(args, tmp_path)
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    (line,) = [ln for ln in second.stderr.splitlines() if "specbench:" in ln]
+    assert "max_new_tokens" in line and "8" in line and "6" in line and "Traceback" not in second.stderr
+    (job,) = _done_jobs(tmp_path / "runs" / "mine")
+    assert str(job.relative_to(tmp_path)) in line
+
+
+def test_a_job_done_on_another_kind_of_machine_is_run_again_not_skipped(tmp_path: Path) -> None:
+    args = [*TINY_JOB, "runs_dir=runs", "sweep_name=m"]
+    assert _sb(args, tmp_path).returncode == 0
+    other = _sb(args, tmp_path, env={**_ENV, "ATEN_CPU_CAPABILITY": "default"})  # the portable kernels
+    assert other.returncode == 0, other.stderr[-2000:]
+    jobs = _done_jobs(tmp_path / "runs" / "m")
+    assert len(jobs) == 2, f"the second machine kind skipped the first one's job: {jobs}"
+    keys = {json.loads((j / rs.DONE_FILE).read_text())["machine"]["key"] for j in jobs}
+    assert len(keys) == 2
