@@ -63,7 +63,7 @@ def main(cfg: DictConfig) -> None:
             raise SystemExit(1) from None
         return
     if not ran:
-        log.info("already done, skipped: %s (force=true re-runs it)", job_dir)
+        log.info("skipped: %s (done or claimed; force=true re-runs a done job)", job_dir)
     elif HydraConfig.get().mode.name != "MULTIRUN":
         print(_summary(job_dir))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -366,3 +367,115 @@ def test_a_job_done_on_another_kind_of_machine_is_run_again_not_skipped(tmp_path
     assert len(jobs) == 2, f"the second machine kind skipped the first one's job: {jobs}"
     keys = {json.loads((j / rs.DONE_FILE).read_text())["machine"]["key"] for j in jobs}
     assert len(keys) == 2
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys
+    from specbench.bench import claims
+    claim = claims.try_claim(sys.argv[1])
+    print("held" if isinstance(claim, claims.Claim) else "refused", flush=True)
+    sys.stdin.read()  # hold the claim until the test closes stdin
+    """
+)
+
+
+def _holder(job: Path) -> subprocess.Popen:
+    """A real worker process holding the claim on `job` until its stdin closes."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(job)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"held\n"
+    return proc
+
+
+def test_a_claim_is_exclusive_and_a_stale_one_is_taken_over(tmp_path: Path) -> None:
+    from specbench.bench import claims
+
+    job = tmp_path / "job"
+    holder = _holder(job)
+    try:
+        held = claims.try_claim(job)
+        assert isinstance(held, dict) and held["pid"] == holder.pid  # a live worker of this host: skip
+    finally:
+        holder.kill()  # SIGKILL: the claim stays behind, stale
+        holder.wait()
+    claim = claims.try_claim(job)
+    assert isinstance(claim, claims.Claim) and claim.record["pid"] == os.getpid()
+    claim.release()
+    assert not (job / rs.MARK_DIR / claims.CLAIM_FILE).exists()
+
+    lock = job / rs.MARK_DIR / claims.CLAIM_FILE  # another host's claim: live until it is too old
+    lock.write_text(json.dumps({"host": "elsewhere", "boot_id": "b", "pid": 1, "start": None, "time": "t"}))
+    assert isinstance(claims.try_claim(job), dict)
+    old = time.time() - claims.STALE_AFTER_S - 60
+    os.utime(lock, (old, old))
+    claim = claims.try_claim(job)
+    assert isinstance(claim, claims.Claim)
+    lock.unlink()
+    lock.write_text(json.dumps({"host": "elsewhere", "pid": 2}))  # a successor's claim: release leaves it
+    claim.release()
+    assert json.loads(lock.read_text())["pid"] == 2
+
+
+def test_a_job_claimed_by_a_live_worker_is_skipped_then_run_once_released(tmp_path: Path) -> None:
+    job = tmp_path / "runs" / "c" / "job"
+    args = [*TINY_JOB, "runs_dir=runs", "sweep_name=c", "hydra.run.dir=runs/c/job"]
+    holder = _holder(job)
+    try:
+        skipped = _sb(args, tmp_path)
+    finally:
+        holder.communicate(b"")  # releases the claim and exits
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    assert f"claimed by {socket.gethostname()}:{holder.pid}" in skipped.stdout + skipped.stderr
+    assert not (job / "env.json").exists() and not rs.is_done(job)
+    ran = _sb(args, tmp_path)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert rs.is_done(job) and not (job / rs.MARK_DIR / "claim.lock").exists()
+
+
+_SAME = {
+    "requests": ["decoder", "prompt_id", "repeat", "batch", "row", "prompt_tokens", "new_tokens", "rounds"],
+    "rounds": ["decoder", "prompt_id", "repeat", "batch", "round", "row", "gamma", "accepted", "committed"],
+}
+
+
+def _runs_of(job: Path, outputs: list[str]) -> int:
+    """How many workers ran `job`: each running worker draws its progress bar, named after the job folder."""
+    return sum(f"{job.name}:   0%" in out for out in outputs)
+
+
+def _results(sweep: Path) -> dict[str, pd.DataFrame]:
+    out = {}
+    for table, cols in _SAME.items():
+        df = rs.load_sweep(sweep, table)
+        out[table] = df.assign(job=df.job.str.replace(r",hw=.*", "", regex=True))[["job", *cols]]
+        out[table] = out[table].sort_values(["job", *cols]).reset_index(drop=True)
+    return out
+
+
+@pytest.mark.parametrize("sweep", [[], ["-m", "gamma=1,2,3"]], ids=["one_job", "one_sweep"])
+def test_two_workers_race_each_job_runs_once_and_results_match_one_worker(tmp_path: Path, sweep: list[str]) -> None:
+    args = [*sweep, *TINY_JOB, "sweep_name=race"]
+    cmd = [sys.executable, "-m", "specbench", *args]
+    workers = [
+        subprocess.Popen(
+            [*cmd, "runs_dir=runs"], cwd=tmp_path, env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    outputs = [b"".join(w.communicate(timeout=300)).decode() for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs[0][-1500:] + outputs[1][-1500:]
+    solo = _sb([*args, "runs_dir=solo"], tmp_path)
+    assert solo.returncode == 0, solo.stderr[-2000:]
+
+    jobs = _done_jobs(tmp_path / "runs" / "race")
+    assert len(jobs) == max(1, len(sweep) and 3)
+    for job in jobs:
+        assert _runs_of(job, outputs) == 1, f"{job.name} ran {_runs_of(job, outputs)} times"
+        assert not list(job.glob(".tmp.*")) and not (job / rs.MARK_DIR / "claim.lock").exists()
+        done = json.loads((job / rs.DONE_FILE).read_text())
+        assert done["claim"]["pid"] in {w.pid for w in workers}
+        expected = _files(_done_jobs(tmp_path / "solo")[0]) | {"app.log"}
+        assert _files(job) | {"app.log"} == expected  # no file lost
+    mine, theirs = _results(tmp_path / "runs" / "race"), _results(tmp_path / "solo" / "race")
+    for table in _SAME:
+        pd.testing.assert_frame_equal(mine[table], theirs[table])

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from specbench.bench import runstore
+from specbench.bench import claims, runstore
 from specbench.bench.envinfo import environment_record
 from specbench.bench.jobkeys import JobConflict, config_diff, machine_key, machine_record
 from specbench.bench.memory import PeakMemory
@@ -120,19 +120,25 @@ def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> d
 
 def run_job(cfg: Config, job_dir: Path, resolved_yaml: str | None = None) -> bool:
     """Run one job into `job_dir`; returns False when it is skipped: already done (with the same config,
-    else JobConflict). A folder specbench did not make raises ForeignDirError."""
+    else JobConflict), or claimed by a live worker. A folder specbench did not make raises ForeignDirError."""
     resolved_yaml = resolved_yaml or OmegaConf.to_yaml(OmegaConf.structured(cfg))
     runstore.check_job_dir(job_dir)
     if runstore.is_done(job_dir) and not cfg.force:
         return _skip_done(job_dir, resolved_yaml)
-    if not runstore.prepare_job_dir(job_dir, force=cfg.force):
-        return _skip_done(job_dir, resolved_yaml)
-    try:
-        _run(cfg, job_dir, resolved_yaml)
-    except Exception as exc:  # recorded, then the sweep goes on with the next job
-        runstore.write_failure(job_dir, exc)
-        log.error("job %s failed (%s): %s", job_dir, "oom" if runstore.is_oom(exc) else "error", exc)
-        raise
+    claim = claims.try_claim(job_dir)
+    if not isinstance(claim, claims.Claim):
+        log.warning("skip %s: claimed by %s (a live worker runs it)", job_dir, claims.describe(claim))
+        return False
+    with claim:
+        if not runstore.prepare_job_dir(job_dir, force=cfg.force):  # finished by another worker meanwhile
+            return _skip_done(job_dir, resolved_yaml)
+        log.info("run %s: claimed by %s", job_dir, claims.describe(claim.record))
+        try:
+            _run(cfg, job_dir, resolved_yaml, claim.record)
+        except Exception as exc:  # recorded, then the sweep goes on with the next job
+            runstore.write_failure(job_dir, exc)
+            log.error("job %s failed (%s): %s", job_dir, "oom" if runstore.is_oom(exc) else "error", exc)
+            raise
     return True
 
 
@@ -149,7 +155,7 @@ def _skip_done(job_dir: Path, resolved_yaml: str) -> bool:
     return False
 
 
-def _run(cfg: Config, job_dir: Path, resolved_yaml: str) -> None:
+def _run(cfg: Config, job_dir: Path, resolved_yaml: str, claim: dict) -> None:
     runstore.write_text(job_dir, "config.yaml", resolved_yaml)
     runstore.write_json(job_dir, "env", environment_record())
     check_shape_only_workload(cfg)
@@ -184,6 +190,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str) -> None:
             **keys,
             "machine": {"key": machine_key(cfg.pair.device, cfg.forward.path, cfg.pair.dtype)}
             | machine_record(cfg.pair.device, cfg.forward.path, cfg.pair.dtype),
+            "claim": claim,
             "prompts": len(prompts),
             "batches": len(batches),
             "repeats": cfg.repeats,
