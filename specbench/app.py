@@ -92,7 +92,24 @@ def _summary(sweep_dir: Path) -> str:
 
 
 class SweepSummary(Callback):
-    """Print the summary table and write the report when a multirun ends."""
+    """Validate every job's config before the first one runs; print the summary table and write the
+    report when a multirun ends."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from specbench.bench.sweepjobs import sweep_job_overrides
+
+        try:
+            jobs = sweep_job_overrides(config)
+        except ValueError as exc:  # a sweep Hydra's basic sweeper would refuse too, or another sweeper's
+            log.debug("jobs of this multirun not validated ahead: %s", exc)
+            return
+        for overrides in jobs:
+            try:
+                cfg = hydra.compose(config_name=config.hydra.job.config_name, overrides=overrides)
+            except Exception as exc:  # e.g. an unknown group option in one job
+                print(f"specbench: invalid config ({' '.join(overrides)}): {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
+            _validated(cfg)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

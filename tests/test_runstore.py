@@ -358,6 +358,15 @@ def test_a_done_job_with_another_config_is_an_error_naming_both(tmp_path: Path) 
     assert str(job.relative_to(tmp_path)) in line
 
 
+def test_a_bad_value_anywhere_in_a_sweep_stops_it_before_the_first_job(tmp_path: Path) -> None:
+    result = _sb(["-m", "gamma=2,-1", *TINY_JOB, "runs_dir=runs", "sweep_name=bad"], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    (line,) = [ln for ln in result.stderr.splitlines() if "specbench:" in ln]
+    assert "gamma=-1: must be an integer >= 0" in line
+    assert not list(tmp_path.rglob("env.json")), "a job ran before the sweep was validated"
+
+
 def test_a_job_done_on_another_kind_of_machine_is_run_again_not_skipped(tmp_path: Path) -> None:
     args = [*TINY_JOB, "runs_dir=runs", "sweep_name=m"]
     assert _sb(args, tmp_path).returncode == 0
