@@ -378,6 +378,22 @@ def test_a_job_done_on_another_kind_of_machine_is_run_again_not_skipped(tmp_path
     assert len(keys) == 2
 
 
+def test_study_names_carry_hardware_forward_path_and_dtype() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from specbench.app import CONF_DIR, to_config
+    from specbench.bench.jobkeys import machine_key
+    from specbench.tune.study import default_study_name
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = to_config(compose("config", overrides=["pair=tiny", "forward=static"]))
+    name = default_study_name(cfg, "all", 1, ["ngram"])
+    key = machine_key(cfg.pair.device, cfg.forward.path, cfg.pair.dtype)
+    assert key in name and "forward=static" in name and "dtype=float32" in name
+
+
 _HOLDER = textwrap.dedent(
     """
     import sys
