@@ -18,12 +18,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.bench.jobkeys import JobConflict, register_resolver
+from specbench.bench.runstore import ForeignDirError
 from specbench.config import Config, register_configs
 
 log = logging.getLogger("specbench")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 register_configs()
+register_resolver()
 
 
 def to_config(cfg: DictConfig) -> Config:
@@ -36,11 +39,7 @@ def main(cfg: DictConfig) -> None:
     """One job, or one `+tune=gamma` run. In a multirun (`+sweep=...`, `-m`), Hydra calls
     `SweepSummary.on_multirun_end` after the last job: registered in conf/config.yaml under
     `hydra.callbacks.sweep_summary`, it prints the summary table and writes the sweep report."""
-    try:
-        config = to_config(cfg)
-    except ValueError as exc:  # a bad value: say which, and what is allowed; no traceback
-        print(f"specbench: invalid config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    config = _validated(cfg)
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     if config.threads:
         import torch
@@ -55,15 +54,26 @@ def main(cfg: DictConfig) -> None:
 
     try:
         ran = run_job(config, job_dir, OmegaConf.to_yaml(cfg, resolve=True))
+    except (ForeignDirError, JobConflict) as exc:  # a folder not ours, or results of another config: touch nothing
+        print(f"specbench: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except Exception as exc:  # already written to failure.json by run_job
         log.error("FAILED %s: %s: %s", job_dir, type(exc).__name__, exc)
         if HydraConfig.get().mode.name != "MULTIRUN":
             raise SystemExit(1) from None
         return
     if not ran:
-        log.info("already done, skipped: %s (force=true re-runs it)", job_dir)
+        log.info("skipped: %s (done or claimed; force=true re-runs a done job)", job_dir)
     elif HydraConfig.get().mode.name != "MULTIRUN":
         print(_summary(job_dir))
+
+
+def _validated(cfg: DictConfig) -> Config:
+    try:
+        return to_config(cfg)
+    except ValueError as exc:  # a bad value: say which, and what is allowed; no traceback
+        print(f"specbench: invalid config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _summary(sweep_dir: Path) -> str:
@@ -82,7 +92,24 @@ def _summary(sweep_dir: Path) -> str:
 
 
 class SweepSummary(Callback):
-    """Print the summary table and write the report when a multirun ends."""
+    """Validate every job's config before the first one runs; print the summary table and write the
+    report when a multirun ends."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from specbench.bench.sweepjobs import sweep_job_overrides
+
+        try:
+            jobs = sweep_job_overrides(config)
+        except ValueError as exc:  # a sweep Hydra's basic sweeper would refuse too, or another sweeper's
+            log.debug("jobs of this multirun not validated ahead: %s", exc)
+            return
+        for overrides in jobs:
+            try:
+                cfg = hydra.compose(config_name=config.hydra.job.config_name, overrides=overrides)
+            except Exception as exc:  # e.g. an unknown group option in one job
+                print(f"specbench: invalid config ({' '.join(overrides)}): {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
+            _validated(cfg)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -13,8 +13,9 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from specbench.bench import runstore
+from specbench.bench import claims, runstore
 from specbench.bench.envinfo import environment_record
+from specbench.bench.jobkeys import JobConflict, config_diff, machine_key, machine_record
 from specbench.bench.memory import PeakMemory
 from specbench.bench.protocol import (
     EncodedPrompt,
@@ -118,21 +119,44 @@ def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> d
 
 
 def run_job(cfg: Config, job_dir: Path, resolved_yaml: str | None = None) -> bool:
-    """Run one job into `job_dir`; returns False when it was already done (skip-if-done)."""
-    if not runstore.prepare_job_dir(job_dir, force=cfg.force):
-        log.info("skip %s: already done", job_dir)
+    """Run one job into `job_dir`; returns False when it is skipped: already done (with the same config,
+    else JobConflict), or claimed by a live worker. A folder specbench did not make raises ForeignDirError."""
+    resolved_yaml = resolved_yaml or OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    runstore.check_job_dir(job_dir)
+    if runstore.is_done(job_dir) and not cfg.force:
+        return _skip_done(job_dir, resolved_yaml)
+    claim = claims.try_claim(job_dir)
+    if not isinstance(claim, claims.Claim):
+        log.warning("skip %s: claimed by %s (a live worker runs it)", job_dir, claims.describe(claim))
         return False
-    try:
-        _run(cfg, job_dir, resolved_yaml)
-    except Exception as exc:  # recorded, then the sweep goes on with the next job
-        runstore.write_failure(job_dir, exc)
-        log.error("job %s failed (%s): %s", job_dir, "oom" if runstore.is_oom(exc) else "error", exc)
-        raise
+    with claim:
+        if not runstore.prepare_job_dir(job_dir, force=cfg.force):  # finished by another worker meanwhile
+            return _skip_done(job_dir, resolved_yaml)
+        log.info("run %s: claimed by %s", job_dir, claims.describe(claim.record))
+        try:
+            _run(cfg, job_dir, resolved_yaml, claim.record)
+        except Exception as exc:  # recorded, then the sweep goes on with the next job
+            runstore.write_failure(job_dir, exc)
+            log.error("job %s failed (%s): %s", job_dir, "oom" if runstore.is_oom(exc) else "error", exc)
+            raise
     return True
 
 
-def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
-    runstore.write_text(job_dir, "config.yaml", resolved_yaml or OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+def _skip_done(job_dir: Path, resolved_yaml: str) -> bool:
+    """A done job is skipped only when it ran this very config."""
+    stored = job_dir / "config.yaml"
+    diff = config_diff(stored.read_text(encoding="utf-8"), resolved_yaml) if stored.is_file() else []
+    if diff:
+        raise JobConflict(
+            f"{job_dir} is done with another config than this job's ({'; '.join(diff[:4])}; see {stored}): "
+            "re-run it with force=true, or give this one another sweep_name"
+        )
+    log.info("skip %s: already done", job_dir)
+    return False
+
+
+def _run(cfg: Config, job_dir: Path, resolved_yaml: str, claim: dict) -> None:
+    runstore.write_text(job_dir, "config.yaml", resolved_yaml)
     runstore.write_json(job_dir, "env", environment_record())
     check_shape_only_workload(cfg)
     pair = load_pair(cfg.pair, cfg.draft)
@@ -164,6 +188,9 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str | None) -> None:
         job_dir,
         {
             **keys,
+            "machine": {"key": machine_key(cfg.pair.device, cfg.forward.path, cfg.pair.dtype)}
+            | machine_record(cfg.pair.device, cfg.forward.path, cfg.pair.dtype),
+            "claim": claim,
             "prompts": len(prompts),
             "batches": len(batches),
             "repeats": cfg.repeats,

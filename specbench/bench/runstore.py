@@ -5,7 +5,10 @@ a report must be regenerable from `runs/` alone. So every file is written
 atomically (temp file in the same directory, fsync, `os.replace`): a reader sees
 the old file, the new file, or nothing, never half a parquet. `done.json` is
 written LAST; a job directory without it is incomplete, and `prepare_job_dir`
-wipes its leftovers before a re-run so rows are never duplicated.
+wipes its leftovers before a re-run so rows are never duplicated. Only files
+specbench wrote are ever deleted: `prepare_job_dir` marks a job folder with a
+`.specbench/` directory, every write into a marked folder is listed in
+`.specbench/written` first, and a non-empty folder without the mark is refused.
 
 Layout of a job directory::
 
@@ -14,6 +17,8 @@ Layout of a job directory::
         rounds.parquet, ...          # tables (raw rows, see specbench.decoding.records)
         failure.json                 # only if the last attempt failed (not done)
         done.json                    # written last: the job is complete
+        .specbench/written           # the names written here (what a re-run may delete)
+        .specbench/claim.lock        # the worker running the job (specbench.bench.claims)
 
 Jobs may sit at any depth under the sweep directory; `load_sweep` finds them.
 """
@@ -40,12 +45,21 @@ FAILURE_FILE = "failure.json"
 TABLE_SUFFIX = ".parquet"
 TMP_PREFIX = ".tmp."  # temp files: ".tmp.<final name>.<random>", removed by prepare_job_dir
 
-# Files prepare_job_dir keeps in an incomplete job dir: Hydra appends its job log
-# there when the job dir is also Hydra's output dir (its `.hydra/` dir is a
-# directory and directories are never touched anyway).
+# Files prepare_job_dir keeps in an incomplete job dir: Hydra's job log (its `.hydra/` is a dir: never touched).
 DEFAULT_KEEP: tuple[str, ...] = ("*.log",)
 
+# The mark of a job folder prepare_job_dir made, with the list of files written into it.
+MARK_DIR = ".specbench"
+WRITTEN_FILE = "written"
+# What a folder may hold without being foreign: Hydra writes `.hydra/` and its log before the job starts.
+HYDRA_ENTRIES = (".hydra", MARK_DIR)
+
 PathLike = str | os.PathLike[str]
+
+
+class ForeignDirError(Exception):
+    """A job folder that holds files specbench did not write (no `.specbench/` mark): never touched."""
+
 
 _RESERVED = {DONE_FILE, FAILURE_FILE}
 
@@ -74,11 +88,11 @@ def _fsync_dir(path: Path) -> None:
 def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
     """Write `path` via a temp file in the same dir + fsync + os.replace.
 
-    Same directory so the rename never crosses a filesystem (and stays atomic).
-    On any error (including KeyboardInterrupt) the temp file is removed; on
-    SIGKILL it stays behind, named `.tmp.*`, and `prepare_job_dir` removes it.
+    Same directory so the rename stays atomic. On any error (KeyboardInterrupt too) the temp file
+    is removed; on SIGKILL it stays behind, named `.tmp.*`, and `prepare_job_dir` removes it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    _note_written(path)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -94,6 +108,14 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _note_written(path: Path) -> None:
+    """In a marked job folder, list `path`'s name before it exists, so a re-run may delete it."""
+    mark = path.parent / MARK_DIR
+    if mark.is_dir():
+        with open(mark / WRITTEN_FILE, "a", encoding="utf-8") as f:
+            f.write(path.name + "\n")
 
 
 def _check_name(name: str, suffix: str = "") -> str:
@@ -152,11 +174,8 @@ def write_text(job_dir: PathLike, filename: str, text: str) -> Path:
 
 
 def mark_done(job_dir: PathLike, meta: Mapping[str, Any] | None = None) -> Path:
-    """Declare the job complete: write `done.json` (meta + `finished_at`), atomically, last.
-
-    A `failure.json` from an earlier failed try in the same attempt is removed
-    first (a crash in between leaves an incomplete job, which is simply re-run).
-    """
+    """Declare the job complete: write `done.json` (meta + `finished_at`), atomically, last. A `failure.json`
+    of an earlier try is removed first (a crash in between leaves an incomplete job, simply re-run)."""
     job = Path(job_dir)
     record = {**dict(meta or {}), "finished_at": _utc_now()}
     data = _dumps(record)
@@ -172,14 +191,13 @@ def is_done(job_dir: PathLike) -> bool:
     return (Path(job_dir) / DONE_FILE).is_file()
 
 
-def is_oom(exc: BaseException) -> bool:
-    """Is this exception (or an exception it was raised `from`) an out-of-memory error?
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "defaultcpuallocator")
+_OOM_MESSAGES += ("cublas_status_alloc_failed",)
 
-    Recognises torch.cuda.OutOfMemoryError (= torch.OutOfMemoryError), MemoryError,
-    OSError ENOMEM, and RuntimeErrors whose message says "out of memory",
-    "can't allocate memory" / "Cannot allocate memory" (the CPU allocator:
-    "DefaultCPUAllocator: can't allocate memory") or CUBLAS_STATUS_ALLOC_FAILED.
-    """
+
+def is_oom(exc: BaseException) -> bool:
+    """Is this exception (or one it was raised `from`) an out-of-memory error? torch's OutOfMemoryError,
+    MemoryError, OSError ENOMEM, and RuntimeErrors whose message is an allocator's (`_OOM_MESSAGES`)."""
     torch = sys.modules.get("torch")  # not imported => cannot be a torch OOM; don't import it
     torch_oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
     seen: set[int] = set()
@@ -192,29 +210,13 @@ def is_oom(exc: BaseException) -> bool:
             return True
         if isinstance(e, OSError) and e.errno == errno.ENOMEM:
             return True
-        if isinstance(e, (RuntimeError, OSError)):
-            msg = str(e).lower()
-            if any(
-                s in msg
-                for s in (
-                    "out of memory",
-                    "can't allocate memory",
-                    "cannot allocate memory",
-                    "defaultcpuallocator",
-                    "cublas_status_alloc_failed",
-                )
-            ):
-                return True
+        if isinstance(e, (RuntimeError, OSError)) and any(s in str(e).lower() for s in _OOM_MESSAGES):
+            return True
         e = e.__cause__
     return False
 
 
-def write_failure(
-    job_dir: PathLike,
-    exc: BaseException,
-    kind: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> Path:
+def write_failure(job_dir: PathLike, exc: BaseException, kind: str | None = None, extra: Mapping | None = None) -> Path:
     """Record why the job failed in `failure.json` (atomically). The job stays not done.
 
     `kind` is a short class such as "oom" or "error"; None infers it with `is_oom`.
@@ -234,36 +236,61 @@ def write_failure(
     return _atomic_write(Path(job_dir) / FAILURE_FILE, lambda f: f.write(data))
 
 
-def prepare_job_dir(job_dir: PathLike, force: bool = False, keep: Iterable[str] = DEFAULT_KEEP) -> bool:
-    """Get a job dir ready to run; return False when it is already done (and not `force`).
-
-    A done job is left untouched unless `force`. Otherwise the directory is
-    created if needed and every top-level regular file in it (stale tables,
-    json, temp files, `failure.json`, `done.json` when forced) is removed, so
-    a re-run starts clean and never duplicates rows. Subdirectories and files
-    matching a `keep` glob (Hydra's `*.log` by default) are left alone.
-    """
+def check_job_dir(job_dir: PathLike, keep: Iterable[str] = DEFAULT_KEEP) -> Path:
+    """Raise ForeignDirError when `job_dir` holds anything but specbench's and Hydra's files and has no
+    `.specbench/` mark (a folder specbench did not make: its files are not ours to delete)."""
     job = Path(job_dir)
     if job.exists() and not job.is_dir():
         raise NotADirectoryError(f"job dir {job} exists and is not a directory")
+    if not job.is_dir() or (job / MARK_DIR).is_dir() or is_done(job):
+        return job
+    foreign = sorted(
+        e.name
+        for e in job.iterdir()
+        if e.name not in HYDRA_ENTRIES and not (e.is_file() and any(fnmatch.fnmatch(e.name, k) for k in keep))
+    )
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ForeignDirError(
+            f"{job} is not empty and not a specbench job folder (no {MARK_DIR}/ mark; it holds {shown}): "
+            "refusing to write into it; choose a new or empty folder"
+        )
+    return job
+
+
+def prepare_job_dir(job_dir: PathLike, force: bool = False, keep: Iterable[str] = DEFAULT_KEEP) -> bool:
+    """Get a job dir ready to run; return False when it is already done (and not `force`).
+
+    A done job is left untouched unless `force`. Otherwise the directory is created and
+    marked (`.specbench/`) if needed, and the top-level files specbench wrote there
+    (stale tables, json, temp files, `failure.json`, `done.json` when forced) are removed,
+    so a re-run starts clean and never duplicates rows. Files specbench did not write,
+    subdirectories and files matching a `keep` glob (Hydra's `*.log`) are left alone;
+    a non-empty folder without the mark raises ForeignDirError (see `check_job_dir`).
+    """
+    job = check_job_dir(job_dir, keep)
     if is_done(job) and not force:
         return False
-    job.mkdir(parents=True, exist_ok=True)
+    (job / MARK_DIR).mkdir(parents=True, exist_ok=True)
     keep = tuple(keep)
     # Remove done.json first: if we die mid-cleanup the job must not look complete.
     try:
         (job / DONE_FILE).unlink()
     except FileNotFoundError:
         pass
+    written = job / MARK_DIR / WRITTEN_FILE
+    ours = set(written.read_text(encoding="utf-8").split("\n")) if written.is_file() else set()
     for entry in job.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             continue
-        if not entry.name.startswith(TMP_PREFIX) and any(fnmatch.fnmatch(entry.name, k) for k in keep):
-            continue
-        try:
-            entry.unlink()
-        except FileNotFoundError:
-            pass
+        if entry.name.startswith(TMP_PREFIX) or (
+            entry.name in ours and not any(fnmatch.fnmatch(entry.name, k) for k in keep)
+        ):
+            try:
+                entry.unlink()
+            except FileNotFoundError:
+                pass
+    written.write_text("", encoding="utf-8")
     return True
 
 
@@ -335,8 +362,7 @@ def load_sweep(sweep_dir: PathLike, table: str = "rounds") -> pd.DataFrame:
             f"(interrupted or still running; re-run the sweep to finish them)"
         )
     non_empty = [f for f in frames if len(f)] or frames[:1]
-    out = pd.concat(non_empty, ignore_index=True)
-    return out
+    return pd.concat(non_empty, ignore_index=True)
 
 
 def load_meta(sweep_dir: PathLike) -> pd.DataFrame:

@@ -16,7 +16,7 @@ from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
-from specbench.config.checks import at_least, choice
+from specbench.config.checks import at_least, check_sweep_name, choice
 from specbench.config.components import (
     COMPILE_MODES,
     CPU_LINEARS,
@@ -100,6 +100,7 @@ class Config:
         at_least("max_new_tokens", self.max_new_tokens, 1)
         at_least("repeats", self.repeats, 1)
         at_least("warmup", self.warmup, 0)
+        check_sweep_name(self.sweep_name)
         if self.threads is not None:
             at_least("threads", self.threads, 1)
         if HF_ASSISTED in self.all_decoders and self.batch_size != 1:

@@ -17,3 +17,9 @@ def at_least(name: str, value: Any, low: int, nullable: bool = False) -> None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name}={value!r}: must be {'null or ' if nullable else ''}an integer >= {low}")
+
+
+def check_sweep_name(name: str) -> None:
+    """Raise unless `name` is a relative folder that stays inside runs_dir (no '..', '.' or empty part)."""
+    if not isinstance(name, str) or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+        raise ValueError(f"sweep_name={name!r}: must be a folder inside runs_dir (no '..', '.', empty part)")

@@ -24,6 +24,7 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from specbench.bench.jobkeys import machine_key
 from specbench.bench.protocol import EncodedPrompt, batches_of
 from specbench.config import Config
 from specbench.tune.objectives import OBJECTIVES
@@ -129,10 +130,16 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def machine_part(cfg: Config) -> str:
+    """The study name's machine part: timings of another machine kind, forward path or dtype never mix."""
+    hw = machine_key(cfg.pair.device, cfg.forward.path, cfg.pair.dtype)
+    return f"hw={hw}|forward={cfg.forward.path}|dtype={cfg.pair.dtype}"
+
+
 def default_study_name(cfg: Config, categories: str, batch_size: int, drafts: list[str]) -> str:
     return (
         f"{cfg.pair.name}|{cfg.decoder}|drafts={'+'.join(drafts)}|{cfg.workload.name}[{categories}]"
-        f"|b{batch_size}|{cfg.sampling.name}|{cfg.tune.objective}|n{cfg.max_new_tokens}"
+        f"|b{batch_size}|{cfg.sampling.name}|{cfg.tune.objective}|n{cfg.max_new_tokens}|{machine_part(cfg)}"
     )
 
 
@@ -155,6 +162,7 @@ def plan_studies(cfg: Config, prompts: list[EncodedPrompt]) -> list[StudySpec]:
             if t.study_name:
                 multi = len(groups) > 1 or len(t.batch_size_list(cfg)) > 1
                 name = f"{t.study_name}|{label}|b{b}" if multi else t.study_name
+                name = f"{name}|{machine_part(cfg)}"
             specs.append(StudySpec(name, cfg.workload.name, label, b, ps, drafts))
     return specs
 
