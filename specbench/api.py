@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import torch
 from specbench.bench.workloads import Prompt, render_prompt
 from specbench.config import DraftConfig, ForwardConfig, ModelConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
-from specbench.decoding.forward import ForwardPath, capacity_for
+from specbench.decoding.forward import ForwardPath, capacity_for, check_context
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
@@ -66,7 +67,13 @@ def decode(
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
     `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
+    A prompt that with `max_new_tokens` would run past the target's context is refused (ValueError); a bad
+    argument raises TypeError or ValueError naming it, before any model loads.
     """
+    texts = _prompt_texts(prompts)
+    _integer("gamma", gamma, 1 if speculative else 0)
+    _integer("max_new_tokens", max_new_tokens, 1)
+    _integer("seed", seed, 0)
     sampling = SamplingConfig(
         temperature,
         top_k,
@@ -98,13 +105,13 @@ def decode(
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
         raise ValueError(f"draft={draft!r} needs draft_model (a model id, .gguf file or directory)")
     pair = load_pair(pair_cfg, draft_cfg)
-    texts = [prompts] if isinstance(prompts, str) else list(prompts)
     if chat_template:
         texts = [
             render_prompt(Prompt(str(i), "api", [{"role": "user", "content": t}]), pair.tokenizer)
             for i, t in enumerate(texts)
         ]
     ids = [pair.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
+    check_context({f"{i} (prompts[{i}])": len(x) for i, x in enumerate(ids)}, max_new_tokens, pair.target)
     capacity = capacity_for([len(i) for i in ids], max_new_tokens, gamma)
     pair.forward = ForwardPath(forward_cfg.path, forward_cfg.compile_mode, capacity)
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
@@ -121,3 +128,27 @@ def decode(
         rounds=to_frame(result.rounds, ROUND_COLUMNS),
         requests=to_frame(result.requests, REQUEST_COLUMNS),
     )
+
+
+def _integer(name: str, value, low: int) -> None:
+    """TypeError unless `value` is an integer, ValueError unless it is >= `low`; both name the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}={value!r}: must be an integer >= {low}, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
+
+
+def _prompt_texts(prompts) -> list[str]:
+    """`prompts` as a non-empty list of non-empty strings (a lone string is a batch of one)."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    elif not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts={prompts!r:.80}: must be a str or a list of str, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError(f"prompts={list(prompts)!r}: must hold at least one prompt (a str or a list of str)")
+    for i, text in enumerate(prompts):
+        if not isinstance(text, str):
+            raise TypeError(f"prompts[{i}]={text!r:.80}: every prompt must be a str, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError(f"prompts[{i}]={text!r}: a prompt must not be empty")
+    return list(prompts)

@@ -236,4 +236,4 @@ def test_cli_writes_schedule_and_engine_files(tmp_path, capsys):
 
 def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert cli.main([str(tmp_path / "missing")]) == 2
-    assert capsys.readouterr().err.startswith("error: sweep directory")
+    assert capsys.readouterr().err.startswith("python -m specbench.deploy: error: sweep directory")

@@ -8,11 +8,12 @@ from contextlib import ExitStack
 
 import torch
 
-from specbench.audit.core import run_audit
+from specbench.audit.core import TooFewSamplesError, run_audit
 from specbench.audit.decoders import DECODER_CHOICES, LLAMA_CPP_AUDIT_DECODERS, check_decoder_name, make_decoder
-from specbench.audit.pairs import load_audit_pair
+from specbench.audit.pairs import AUDIT_PROMPTS, load_audit_pair
 from specbench.audit.result import AuditResult
-from specbench.audit.settings import REFERENCES, AuditSettings
+from specbench.audit.settings import MINIMUMS, REFERENCE_SAMPLES_MIN, REFERENCES, AuditSettings
+from specbench.cli_errors import ArgumentParser, int_at_least
 from specbench.decoding.sampling import SamplingConfig
 
 
@@ -46,7 +47,7 @@ def _parse_sampling(text: str) -> tuple[float, int, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's arguments: pair, decoders, sampling (processors included) and audit settings."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m specbench.audit",
         description="Lossless audit: does a decoder preserve the target's output distribution? "
         "Exits 1 when any audit fails.",
@@ -71,18 +72,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="T[:K[:P]]",
         help="extra sampling configs (repeatable, same penalties and bans), e.g. --sampling 1.0:50",
     )
-    parser.add_argument("--gamma", type=int, default=2)
+    parser.add_argument("--gamma", type=int_at_least(1), default=2)
     d = AuditSettings()
-    parser.add_argument("--samples", type=int, default=d.samples, help="continuations per prompt (decoder)")
-    parser.add_argument("--reference-samples", type=int, default=None, help="sample mode: reference continuations")
-    parser.add_argument("--tokens", type=int, default=d.tokens)
+    count = lambda name: int_at_least(MINIMUMS[name])  # noqa: E731 (AuditSettings' own bounds)
+    parser.add_argument("--samples", type=count("samples"), default=d.samples, help="continuations per prompt")
+    parser.add_argument(
+        "--reference-samples",
+        type=int_at_least(REFERENCE_SAMPLES_MIN),
+        default=None,
+        help="sample mode: reference continuations",
+    )
+    parser.add_argument("--tokens", type=count("tokens"), default=d.tokens)
     parser.add_argument("--reference", default=d.reference, choices=REFERENCES)
-    parser.add_argument("--max-enumerate", type=int, default=d.max_enumerate)
-    parser.add_argument("--prompts", type=int, default=None, help="use only the first N built-in prompts")
+    parser.add_argument("--max-enumerate", type=count("max_enumerate"), default=d.max_enumerate)
+    parser.add_argument("--prompts", type=int_at_least(1), default=None, help="use only the first N built-in prompts")
     parser.add_argument("--alpha", type=float, default=d.alpha)
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--batch-size", type=count("batch_size"), default=d.batch_size)
+    parser.add_argument("--threads", type=int_at_least(1), default=None, help="torch.set_num_threads")
     parser.add_argument("--out", default="runs/audit")
     return parser
 
@@ -121,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         decoders = args.decoder or ["speculative"]
         for name in decoders:
             check_decoder_name(name)
-        if args.gamma < 1:
-            raise ValueError(f"--gamma={args.gamma}: must be >= 1")
+        built_in = len(AUDIT_PROMPTS[args.pair])
+        if args.prompts is not None and args.prompts > built_in:
+            raise ValueError(
+                f"argument --prompts: {args.prompts}: must be at most {built_in} "
+                f"(the {built_in} built-in prompts of --pair {args.pair})"
+            )
         llama = [n for n in decoders if n in LLAMA_CPP_AUDIT_DECODERS]
         if llama and args.pair != "embedded":
             raise ValueError(
@@ -133,8 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     target, draft, prompts, eos = load_audit_pair(args.pair)
+    try:
+        for sampling in samplings:
+            sampling.check_vocab(target.config.vocab_size)
+    except ValueError as exc:
+        parser.error(f"argument --banned-token-ids/--banned-sequences: {exc}")
     if args.prompts:
         prompts = prompts[: args.prompts]
+    try:
+        return _run(args, settings, samplings, decoders, llama, target, draft, prompts, eos)
+    except TooFewSamplesError as exc:
+        parser.error(f"argument --samples: {args.samples} with --tokens {args.tokens}: {exc}")
+
+
+def _run(args, settings, samplings, decoders, llama, target, draft, prompts, eos) -> int:
+    """Every (sampling, decoder) audit, printed as it ends; audit.md and audit.csv; 0 when all pass."""
     results, cache = [], {}
     with ExitStack() as stack:
         la = None

@@ -21,6 +21,10 @@ from specbench.audit.stats import detectable_tv, gof_test, holm, two_sample_test
 from specbench.decoding.sampling import SamplingConfig
 
 
+class TooFewSamplesError(ValueError):
+    """The samples cannot fill two bins of a joint test: the audit would have tested nothing joint."""
+
+
 def _codes(rows: np.ndarray) -> np.ndarray:
     """One integer per distinct row (consistent across everything stacked into `rows`)."""
     return np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1)
@@ -77,6 +81,13 @@ def _compare(decoder: np.ndarray, reference, settings: AuditSettings, rng: np.ra
         if res is not None:
             results.append((name, res))
     return results
+
+
+def _varies(reference) -> bool:
+    """Has the reference more than one continuation? (Else no test can vary: the audit is trivially right.)"""
+    if reference[0] == "exact":
+        return int(np.sum(reference[2] > 0)) > 1
+    return len(np.unique(reference[1], axis=0)) > 1
 
 
 def _reference_mode(target_model: PreTrainedModel, sampling: SamplingConfig, settings: AuditSettings) -> str:
@@ -141,7 +152,14 @@ def run_audit(
                 cache[key] = ("sample", ref.sample(prompt, n_ref, settings.tokens, derive_seed(settings.seed, 2, i)))
         samples = decoder.sample(prompt, settings.samples, settings.tokens, derive_seed(settings.seed, 1, i))
         rng = np.random.default_rng(derive_seed(settings.seed, 3, i))
-        for name, res in _compare(samples, cache[key], settings, rng):
+        compared = _compare(samples, cache[key], settings, rng)
+        if not any(name.startswith("joint") for name, _ in compared) and _varies(cache[key]):
+            raise TooFewSamplesError(
+                f"audit.samples={settings.samples}: too few continuations for the joint test of prompt {i} at "
+                f"tokens={settings.tokens} (after pooling to expected counts >= {settings.min_expected:g} one bin is "
+                "left, so the verdict and the TV would be meaningless); use more samples or fewer tokens"
+            )
+        for name, res in compared:
             rows.append(dict(prompt=i, test=name, **res))
     seconds = time.perf_counter() - started
     tests = pd.DataFrame(rows)

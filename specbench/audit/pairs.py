@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 TINY_PROMPTS = [[3, 7, 11], [5, 2, 9, 14]]
 EMBEDDED_PROMPTS = ["The capital of France is", "My favourite colour is"]
+AUDIT_PROMPTS = {"tiny": TINY_PROMPTS, "embedded": EMBEDDED_PROMPTS}  # the built-in prompts of each --pair
 
 
 def tiny_pair(

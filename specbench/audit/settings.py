@@ -8,6 +8,9 @@ import numpy as np
 
 PAD = -1  # token slot after EOS ended a continuation
 REFERENCES = ("auto", "exact", "sample")
+# The least each count may be (the CLI's arguments check the same bounds).
+MINIMUMS = {"samples": 20, "tokens": 3, "max_enumerate": 1, "top_prefixes": 0, "bootstrap": 0, "batch_size": 1}
+REFERENCE_SAMPLES_MIN = 20
 
 
 @dataclass
@@ -29,21 +32,17 @@ class AuditSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (
-            ("samples", 20),
-            ("tokens", 3),
-            ("max_enumerate", 1),
-            ("top_prefixes", 0),
-            ("bootstrap", 0),
-            ("batch_size", 1),
-        ):
+        for name, low in MINIMUMS.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"audit.{name}={value!r}: must be an integer >= {low}")
         if self.reference_samples is not None and (
-            not isinstance(self.reference_samples, int) or self.reference_samples < 20
+            not isinstance(self.reference_samples, int) or self.reference_samples < REFERENCE_SAMPLES_MIN
         ):
-            raise ValueError(f"audit.reference_samples={self.reference_samples!r}: must be None or an integer >= 20")
+            raise ValueError(
+                f"audit.reference_samples={self.reference_samples!r}: must be None or an integer >= "
+                f"{REFERENCE_SAMPLES_MIN}"
+            )
         if self.reference not in REFERENCES:
             raise ValueError(f"audit.reference={self.reference!r}: must be one of {list(REFERENCES)}")
         for name in ("alpha", "power", "ci"):

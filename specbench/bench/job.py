@@ -30,7 +30,7 @@ from specbench.bench.protocol import (
 from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
-from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for
+from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for, check_context
 from specbench.decoding.records import LLAMA_CPP_DECODERS
 from specbench.llama_cpp.servers import JobServers, bench_llama_ct
 from specbench.models.draft_kinds import DRAFT_KINDS, device_refusal, takes_decode_kv
@@ -43,8 +43,34 @@ log = logging.getLogger(__name__)
 CT_KS = range(1, 17)  # k of the per-job C_t(k) micro-benchmark
 
 
-def encode_workload(cfg: Config, pair: Pair) -> list[EncodedPrompt]:
-    """The workload's prompts as token ids (chat template applied), or synthetic ids."""
+def check_workload(cfg: Config) -> list[Prompt] | None:
+    """Read and check the workload before any model loads: the shape-only rule, the file (every line; a
+    missing, malformed or non-UTF-8 file names itself and the line) and a batch size the prompts can fill.
+    Returns the prompts (None for synthetic ids, made once the vocabulary is known)."""
+    w = cfg.workload
+    check_shape_only_workload(cfg)
+    if w.kind == "synthetic":  # the config checked n_prompts >= batch_size
+        return None
+    prompts = load_workload(w.kind, w.path, w.categories, w.limit_per_category, w.seed)
+    if len(prompts) < cfg.batch_size:
+        raise ValueError(
+            f"batch_size={cfg.batch_size}: the {w.kind} workload {w.path or ''} selects only {len(prompts)} prompts, "
+            "so no batch of that size would run; lower batch_size or select more prompts"
+        )
+    if w.context_tokens is not None:
+        context_documents(w.kind, w.path)  # has long passages to pad with
+    return prompts
+
+
+def encode_workload(cfg: Config, pair: Pair, prompts: list[Prompt] | None = None) -> list[EncodedPrompt]:
+    """The workload's prompts as token ids (chat template applied), or synthetic ids; `prompts`: those
+    `check_workload` read (None: read them here). Refuses a prompt that would run past the target's context."""
+    encoded = _encode(cfg, pair, prompts)
+    check_context({p.prompt_id: len(p.ids) for p in encoded}, cfg.max_new_tokens, pair.target)
+    return encoded
+
+
+def _encode(cfg: Config, pair: Pair, prompts: list[Prompt] | None) -> list[EncodedPrompt]:
     w = cfg.workload
     check_shape_only_workload(cfg)
     if w.kind == "synthetic":
@@ -61,7 +87,8 @@ def encode_workload(cfg: Config, pair: Pair) -> list[EncodedPrompt]:
             f"workload.kind={w.kind!r} needs a tokenizer, but pair {cfg.pair.name!r} is shape-only; "
             "use workload=synthetic with shape-only models"
         )
-    prompts: list[Prompt] = load_workload(w.kind, w.path, w.categories, w.limit_per_category, w.seed)
+    if prompts is None:
+        prompts = load_workload(w.kind, w.path, w.categories, w.limit_per_category, w.seed)
     if w.context_tokens is not None:  # the context-length sweep: prompts lengthened with real passages
         docs = context_documents(w.kind, w.path)
         return [
@@ -158,9 +185,9 @@ def _skip_done(job_dir: Path, resolved_yaml: str) -> bool:
 def _run(cfg: Config, job_dir: Path, resolved_yaml: str, claim: dict) -> None:
     runstore.write_text(job_dir, "config.yaml", resolved_yaml)
     runstore.write_json(job_dir, "env", environment_record())
-    check_shape_only_workload(cfg)
+    texts = check_workload(cfg)  # before the models load: a bad workload fails in milliseconds
     pair = load_pair(cfg.pair, cfg.draft)
-    prompts = encode_workload(cfg, pair)
+    prompts = encode_workload(cfg, pair, texts)
     compile_seconds = set_forward_path(cfg, pair, prompts)
     keys = job_keys(cfg, pair)
     names = decoders(cfg)

@@ -328,13 +328,18 @@ def _rel(root: Path, job: Path) -> str:
     return job.relative_to(root).as_posix() or "."
 
 
+class CorruptTableError(ValueError):
+    """A finished job's table that cannot be read (truncated, not parquet): named, never skipped as missing."""
+
+
 def load_sweep(sweep_dir: PathLike, table: str = "rounds") -> pd.DataFrame:
     """Concatenate `<table>.parquet` of every DONE job under `sweep_dir` (any depth).
 
     Adds a first column `job`: the job dir relative to `sweep_dir` (posix path).
     Incomplete and failed jobs are ignored (see `load_failures`). Raises
     FileNotFoundError if the dir does not exist and ValueError if no finished
-    job has that table, saying what was found instead.
+    job has that table, saying what was found instead; `CorruptTableError` (a
+    ValueError) naming the file if a finished job's table cannot be read.
     """
     root = _check_sweep_dir(sweep_dir)
     fname = _check_name(table, TABLE_SUFFIX)
@@ -343,7 +348,13 @@ def load_sweep(sweep_dir: PathLike, table: str = "rounds") -> pd.DataFrame:
     for job in done:
         path = job / fname
         if path.is_file():
-            df = pd.read_parquet(path)
+            try:
+                df = pd.read_parquet(path)
+            except Exception as exc:  # pyarrow's ArrowInvalid is a ValueError: keep it apart from "no table"
+                raise CorruptTableError(
+                    f"{path}: unreadable table ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                    "re-run that job with force=true, or move its folder out of the sweep"
+                ) from exc
             df.insert(0, "job", _rel(root, job))
             frames.append(df)
     if not frames:

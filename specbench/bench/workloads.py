@@ -146,8 +146,15 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line number, object) for each non-blank line, validating JSON objects."""
     if not path.is_file():
         raise WorkloadError(f"workload file not found: {path}")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise WorkloadError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {raw[e.start]:#04x} at byte {e.start + 1} of the line); "
+                    "save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -103,6 +103,12 @@ class Config:
         check_sweep_name(self.sweep_name)
         if self.threads is not None:
             at_least("threads", self.threads, 1)
+        if self.workload.kind == "synthetic" and self.workload.n_prompts < self.batch_size:
+            raise ValueError(
+                f"batch_size={self.batch_size}: more than the workload's workload.n_prompts="
+                f"{self.workload.n_prompts} prompts, so no batch of that size would run; lower batch_size or raise "
+                "workload.n_prompts"
+            )
         if HF_ASSISTED in self.all_decoders and self.batch_size != 1:
             raise ValueError(f"batch_size={self.batch_size}: decoder='hf_assisted' supports batch_size=1 only")
         kind = DRAFT_KINDS.get(self.draft.kind, "draft.kind")

@@ -43,6 +43,14 @@ class PairConfig:
             raise ValueError(f"pair.device={self.device!r}: must be 'cpu', 'cuda' or 'cuda:N'")
         if not (self.target.source or self.target.shape):
             raise ValueError("pair.target: set source (model) or shape (shape-only preset)")
+        for role, model in (("target", self.target), ("draft", self.draft)):
+            if model.shape and (model.source or model.gguf_file):
+                given = f"source={model.source!r}" if model.source else f"gguf_file={model.gguf_file!r}"
+                raise ValueError(
+                    f"pair.{role}.{given} with pair.{role}.shape={model.shape!r}: a shape-only model has random "
+                    f"weights and would ignore the {given.split('=')[0]}; set one of them (pair.{role}.shape=null "
+                    "to load the model)"
+                )
 
 
 @dataclass

@@ -31,6 +31,23 @@ def capacity_for(prompt_lens: list[int], max_new_tokens: int, gamma: int) -> int
     return -(-need // CAPACITY_STEP) * CAPACITY_STEP
 
 
+def check_context(prompt_lens: dict[str, int], max_new_tokens: int, model: PreTrainedModel) -> None:
+    """Refuse prompts (id -> length) that with `max_new_tokens` need more positions than the model's
+    context (`config.max_position_embeddings`): past it a model's outputs are not what it was trained for."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    if not context:
+        return
+    over = {name: n for name, n in prompt_lens.items() if n + max_new_tokens > context}
+    if over:
+        name, n = next(iter(over.items()))
+        more = f" (and {len(over) - 1} more prompts)" if len(over) > 1 else ""
+        raise ValueError(
+            f"prompt {name} has {n} tokens{more}: with max_new_tokens={max_new_tokens} it needs {n + max_new_tokens} "
+            f"positions, more than the target's context of {context} (max_position_embeddings); shorten the prompt "
+            f"to at most {max(context - max_new_tokens, 0)} tokens or lower max_new_tokens"
+        )
+
+
 class ForwardPath:
     """Hands out the LM object for a model on this path (`path`: a name in `config.FORWARD_PATHS`)."""
 

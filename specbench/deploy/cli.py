@@ -7,14 +7,15 @@ engine (`specbench.deploy.engines.ENGINES`) into `--out` (default `runs/<sweep>/
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from specbench.analysis.rows import add_gamma_setting
 from specbench.bench.runstore import load_sweep
+from specbench.cli_errors import ArgumentParser, int_at_least, run_main
 from specbench.deploy.engines import ENGINES
 from specbench.deploy.plan import DEFAULT_METRIC, SPEEDUP_METRICS, plan_schedules, write_deployment
+
+PROG = "python -m specbench.deploy"
 
 
 def run(
@@ -38,7 +39,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; bad input prints one line naming the problem and exits 2."""
-    p = argparse.ArgumentParser(prog="python -m specbench.deploy", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("sweep_dir", help="runs/<sweep>: a sweep with the autoregressive baseline (baseline=true)")
     p.add_argument("--out", help="output directory (default: <sweep_dir>/deploy)")
     p.add_argument(
@@ -49,13 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--target-model", help="target id/path the engines should load (default: the sweep's label)")
     p.add_argument("--draft-model", help="draft id/path the engines should load (default: the sweep's label)")
-    p.add_argument("--max-batch-size", type=int, help="extend the last batch-size range up to this (vLLM schedule)")
+    p.add_argument(
+        "--max-batch-size", type=int_at_least(1), help="extend the last batch-size range up to this (vLLM schedule)"
+    )
     a = p.parse_args(argv)
-    try:
-        out = run(a.sweep_dir, a.out, a.metric, a.target_model, a.draft_model, a.max_batch_size)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_main(PROG, lambda: _deploy(a))
+
+
+def _deploy(a) -> int:
+    out = run(a.sweep_dir, a.out, a.metric, a.target_model, a.draft_model, a.max_batch_size)
     print((out / "schedule.md").read_text(encoding="utf-8"))
     print(f"wrote {out}/schedule.{{md,csv,json}} and {', '.join(ENGINES.get(n).filename for n in ENGINES)}")
     return 0

@@ -15,6 +15,7 @@ import pandas as pd
 
 from specbench.deploy.plan import write_deployment
 from specbench.report.data import ReportData, report_meta
+from specbench.report.jobs import jobs_section, left_out_jobs
 from specbench.report.render import render_html, render_md
 from specbench.report.sections import build_sections, save_png
 
@@ -23,11 +24,25 @@ PLOT_DPI = 100
 
 def _read_table(path) -> pd.DataFrame:
     path = Path(path)
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
-    if path.suffix == ".json":
-        return pd.read_json(path)
-    return pd.read_parquet(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--ct {path}: no such file (a .parquet, .csv or .json C_t(k) table)")
+    read = {".csv": pd.read_csv, ".json": pd.read_json}.get(path.suffix, pd.read_parquet)
+    try:
+        return read(path)
+    except Exception as exc:  # a truncated or foreign file: name it
+        raise ValueError(f"--ct {path}: unreadable table ({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+
+
+def _optional_table(sweep_dir, name: str) -> pd.DataFrame | None:
+    """A sweep's table that finished jobs may lack (None then); an unreadable one is an error naming its file."""
+    from specbench.bench.runstore import CorruptTableError, load_sweep
+
+    try:
+        return load_sweep(sweep_dir, name)
+    except CorruptTableError:
+        raise
+    except ValueError:  # no finished job wrote this table
+        return None
 
 
 def load_tables(sweep_dir, ct=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
@@ -41,14 +56,9 @@ def load_tables(sweep_dir, ct=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
 
     rounds = load_sweep(sweep_dir, "rounds")
     requests = load_sweep(sweep_dir, "requests")
-    if ct is None:
-        frames = []
-        for name in ("ct", "llama_ct"):  # specbench's C_t(k) micro-benchmark; llama.cpp's llama-bench rows
-            try:
-                frames.append(load_sweep(sweep_dir, name))
-            except ValueError:  # no finished job wrote this table: C_t falls back to the rounds
-                pass
-        frames = [f for f in frames if len(f)]
+    if ct is None:  # specbench's C_t(k) micro-benchmark; llama.cpp's llama-bench rows (neither: from the rounds)
+        frames = [_optional_table(sweep_dir, name) for name in ("ct", "llama_ct")]
+        frames = [f for f in frames if f is not None and len(f)]
         ct = pd.concat(frames, ignore_index=True) if frames else None
     elif not isinstance(ct, pd.DataFrame):
         ct = _read_table(ct)
@@ -65,14 +75,18 @@ def build_report(
     gamma_max: int = 16,
     meta: pd.DataFrame | None = None,
     floor: pd.DataFrame | None = None,
+    jobs: pd.DataFrame | None = None,
 ) -> dict:
     """Compute every table once from the raw rows and write report.md, report.html (self-
     contained: plots embedded as data URIs), the PNG plots, tables/<name>.{csv,json} and, with
     two or more batch sizes, deploy/ (γ schedule + engine files) into out_dir.
 
+    `jobs`: the sweep's failed and unfinished jobs (`report.jobs.left_out_jobs`), listed in their own section.
     Returns {"markdown": Path, "html": Path, "figures": [Path], "tables": [Path], "deploy": [Path],
     "notes": [str]}.
     """
+    if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
+        raise ValueError(f"gamma_max={gamma_max!r}: must be an integer >= 1")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = ReportData.compute(rounds, requests, ct, gamma_max=gamma_max, meta=meta, floor=floor)
@@ -82,6 +96,10 @@ def build_report(
     tables = write_tables(data.tables(), out_dir / "tables")
     links = [p.relative_to(out_dir).as_posix() for p in deploy]
     sections, notes = build_sections(data, save_png(out_dir, PLOT_DPI), links)
+    left_out = jobs_section(jobs)
+    if left_out is not None:  # right after the summary: the reader must know the sweep is incomplete
+        sections.insert(1, left_out)
+        notes = [*left_out.notes, *notes]
     meta = {"generated": _dt.datetime.now().isoformat(timespec="seconds"), **report_meta(data)}
     title = title or "Speculative decoding report"
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
@@ -115,13 +133,12 @@ def write_report(sweep_dir, out_dir=None, ct=None, **kw) -> dict:
     sweep_dir = Path(sweep_dir)
     rounds, requests, ct = load_tables(sweep_dir, ct)
     kw.setdefault("title", f"Speculative decoding report: {sweep_dir.name}")
-    from specbench.bench.runstore import load_meta, load_sweep
+    from specbench.bench.runstore import load_meta
 
     if "floor" not in kw:
-        try:
-            kw["floor"] = load_sweep(sweep_dir, "floor")  # the hardware-limit probe (jobs with ct_bench)
-        except ValueError:
-            kw["floor"] = None
+        kw["floor"] = _optional_table(sweep_dir, "floor")  # the hardware-limit probe (jobs with ct_bench)
+    if "jobs" not in kw:
+        kw["jobs"] = left_out_jobs(sweep_dir)
     if "meta" not in kw:
         try:
             kw["meta"] = load_meta(sweep_dir)  # read for the peak-memory hook

@@ -1,5 +1,7 @@
 """`python -m specbench.tune STORAGE [--out DIR]` (see `specbench.tune.cli`)."""
 
+import sys
+
 from specbench.tune.cli import main
 
-main()
+sys.exit(main())

@@ -17,7 +17,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from specbench.bench import runstore
-from specbench.bench.job import encode_workload
+from specbench.bench.job import check_workload, encode_workload
 from specbench.bench.protocol import EncodedPrompt, bench_ct, decoders, job_keys, measure_batch, warm_up
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
@@ -255,8 +255,9 @@ def run_tune(cfg: Config, out_dir: Path) -> pd.DataFrame:
     out_dir = Path(out_dir)
     url = storage_url(t.storage, cfg.runs_dir)
     storage = open_storage(url)
+    texts = check_workload(cfg)  # before any model loads
     runner = Runner(cfg, out_dir)
-    specs = plan_studies(cfg, encode_workload(cfg, runner.pair(t.draft_kinds(cfg)[0])))
+    specs = plan_studies(cfg, encode_workload(cfg, runner.pair(t.draft_kinds(cfg)[0]), texts))
     unit = OBJECTIVES.get(t.objective).unit
     results = []
     for spec in specs:
