@@ -30,15 +30,29 @@ print(json.dumps({
     "kernel_rows": layer.kernel_rows,
     "gemv_rows": kernels.gemv_rows(96, 64, kernels.prepack_supported(), 1 << 20),
 }))
+from specbench.models import choices
+print(json.dumps({name: c["from"] for name, c in choices.record()["choices"].items()}))
 """
 
 
-def _choose(cache: Path, no_timing: bool) -> dict:
+def _start(cache: Path, no_timing: bool) -> subprocess.Popen:
     env = {**os.environ, "SPECBENCH_CACHE": str(cache), "NO_TIMING": "1" if no_timing else "0", "PYTHONPATH": str(ROOT)}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-c", CHOOSE], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-1500:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(
+        [sys.executable, "-c", CHOOSE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _result(proc: subprocess.Popen) -> tuple[dict, dict]:
+    """(the choices, {choice name: 'measured' | 'cache'}) a process printed."""
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-1500:]
+    chosen, sources = out.strip().splitlines()[-2:]
+    return json.loads(chosen), json.loads(sources)
+
+
+def _choose(cache: Path, no_timing: bool) -> dict:
+    return _result(_start(cache, no_timing))[0]
 
 
 def test_a_second_process_reads_the_cached_choices_instead_of_timing_again(tmp_path):
@@ -49,6 +63,14 @@ def test_a_second_process_reads_the_cached_choices_instead_of_timing_again(tmp_p
     names = set(json.loads(cache_file.read_text())["choices"])
     assert any(n.startswith("dtype") for n in names) and any(n.startswith("gemv_rows") for n in names)
     assert any(n.startswith("kernel_rows") for n in names)
+
+
+def test_two_processes_starting_together_time_each_choice_once(tmp_path):
+    first, second = (_result(p) for p in [_start(tmp_path, False), _start(tmp_path, False)])
+    assert first[0] == second[0]
+    assert set(first[1]) == set(second[1])
+    for name in first[1]:  # the file is locked while one times: the other reads its answer
+        assert sorted([first[1][name], second[1][name]]) == ["cache", "measured"], name
 
 
 def test_gemv_rows_rule_on_given_timings():

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import platform
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ HERE = Path(__file__).parent
 SOURCES = ("cpu_matvec.cpp", "cpu_attention.cpp", "cpu_matvec.py", "kernels.py", "quant.py", "loading.py", "choices.py")
 SWITCHES = ("ATEN_CPU_CAPABILITY", "SPECBENCH_CPU_MATVEC")
 _used: dict[str, dict] = {}  # this process's choices: name -> {"chosen", "timings", "from"}
-_holding = False  # whether this process holds the cache file's lock
+_thread_lock = threading.RLock()
+_depth = 0  # how many `_locked` blocks this process is in (the file lock is taken at the outermost)
 
 
 def default_cache_dir() -> Path:
@@ -78,21 +80,23 @@ def cache_file(key: dict | None = None) -> Path:
 
 @contextlib.contextmanager
 def _locked(path: Path):
-    """An exclusive lock on `path`'s sibling `.lock` (released when the process dies, however it dies); a
-    choice timed while another is being timed (nested) runs under the lock already held."""
-    global _holding
-    if _holding:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _holding = True
+    """An exclusive lock on `path`'s sibling `.lock` between processes (`flock`: released when the process dies,
+    however it dies) and between threads; a choice timed while this thread times another reuses the lock."""
+    global _depth
+    with _thread_lock:
+        lock = None
+        if _depth == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.with_suffix(".lock"), "a")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        _depth += 1
         try:
             yield
         finally:
-            _holding = False
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            _depth -= 1
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                lock.close()
 
 
 def _read(path: Path) -> dict:
