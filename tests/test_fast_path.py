@@ -223,20 +223,18 @@ def test_a_compiled_job_with_a_weight_only_draft_compiles_its_one_token_step_onl
 
 
 @pytest.mark.parametrize("weights", [None, "int8", "int4"])
-def test_dtype_auto_on_cpu_times_a_round_in_the_jobs_kernels(weights):
+def test_dtype_auto_times_a_round_in_the_jobs_kernels(weights):
     # The probe once timed torch's default bf16 linear alone and picked fp32 on an AMX Xeon, where the
-    # tuned bf16 kernels were faster and a W8A16 draft in fp32 dequantized every weight per step.
-    from specbench.models.loading import PROBE_GAMMA, fastest_cpu_dtype, pick_dtype, resolve_dtype
+    # tuned bf16 kernels were faster and a W8A16 draft in fp32 dequantized every weight per step. What is
+    # timed is checked here, never which dtype won: the choice is `pick_dtype` on given timings (below),
+    # made once per machine (tests/test_auto_choices.py).
+    from specbench.models.loading import PROBE_GAMMA, time_cpu_dtypes
 
-    chosen, seconds = fastest_cpu_dtype(weights)
+    seconds = time_cpu_dtypes(weights, repeats=1)
     assert set(seconds) == {"bfloat16", "float32"}
     for parts in seconds.values():
         assert set(parts) == ({"target", "round"} | ({"draft"} if weights else set()))
-        assert all(s > 0 for s in parts.values())
         assert parts["round"] == pytest.approx(parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0))
-    assert chosen == pick_dtype(seconds)
-    assert resolve_dtype("auto", "cpu", weights) == getattr(torch, chosen)
-    assert resolve_dtype("float32", "cpu", weights) == torch.float32
 
 
 def test_dtype_auto_leaves_a_near_tie_to_bf16():
@@ -253,17 +251,6 @@ def test_dtype_auto_leaves_a_near_tie_to_bf16():
     assert pick_dtype(rounds(12.7, 10.7)) == "float32"  # W8A16 there: fp32's round 16% shorter
     assert pick_dtype(rounds(10.0, 10.0 * DTYPE_MARGIN)) == "bfloat16"  # at the margin: still a tie
     assert pick_dtype(rounds(10.0, 10.0 * DTYPE_MARGIN - 0.01)) == "float32"
-
-
-def test_load_pair_resolves_dtype_auto_with_its_draft_before_loading():
-    from specbench.config import DraftConfig, ModelConfig, PairConfig
-    from specbench.models.loading import fastest_cpu_dtype
-    from specbench.models.pair import load_pair
-
-    tiny = ModelConfig(source=None, shape="tiny-llama")
-    pair = load_pair(PairConfig(name="tiny", target=tiny, draft=tiny, dtype="auto"), DraftConfig(kind="w8a16"))
-    assert str(pair.target.dtype) == f"torch.{fastest_cpu_dtype('int8')[0]}"
-    assert pair.draft_model.dtype == pair.target.dtype
 
 
 @pytest.mark.parametrize("layer_class", ["Int8Linear", "Int4Linear"])

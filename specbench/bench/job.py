@@ -31,9 +31,10 @@ from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for, check_context
-from specbench.decoding.records import LLAMA_CPP_DECODERS
+from specbench.decoding.records import HF_ASSISTED, LLAMA_CPP_DECODERS
 from specbench.llama_cpp.servers import JobServers, bench_llama_ct
-from specbench.models.draft_kinds import DRAFT_KINDS, device_refusal, takes_decode_kv
+from specbench.models import choices
+from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, device_refusal, draft_class, resolve_kind, takes_decode_kv
 from specbench.models.kernels import linear_kernels
 from specbench.models.loading import fastest_cpu_dtype
 from specbench.models.pair import Pair, load_pair
@@ -122,13 +123,28 @@ def check_shape_only_workload(cfg: Config) -> None:
 
 
 def auto_dtype_record(cfg: Config) -> dict:
-    """`pair.dtype=auto` on CPU: the measured choice and the probe's seconds (`fastest_cpu_dtype`, the same
-    call `load_pair` made, so the record is the choice the job ran)."""
+    """`pair.dtype=auto` on CPU: the choice and the probe's seconds (`fastest_cpu_dtype`, the same
+    call `load_pair` made, read from the machine's choices cache, so the record is the choice the job ran)."""
     if cfg.pair.dtype != "auto" or cfg.pair.device != "cpu":
         return {}
     weights = DRAFT_KINDS.get(cfg.draft.kind, "draft.kind").weights
     chosen, seconds = fastest_cpu_dtype(weights, cfg.pair.cpu_linear)
     return {"auto_dtype": {"chosen": chosen, "probe_seconds": seconds}}
+
+
+def auto_choices_record(cfg: Config) -> dict:
+    """Every auto choice the job's process made or read (`choices.record`: dtype, gemv and kernel rows, with
+    their timings, the cache file and its machine key) and what draft.kind=auto picks on this machine."""
+    return {
+        "auto_choices": {
+            **choices.record(),
+            "draft_kind": {
+                "kind": cfg.draft.kind,
+                "auto": resolve_kind(AUTO, cfg.pair.device, HF_ASSISTED in cfg.all_decoders, cfg.pair.dtype),
+                "cpu_class": draft_class(cfg.pair.device, cfg.pair.dtype),
+            },
+        }
+    }
 
 
 def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> dict[str, float]:
@@ -224,6 +240,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str, claim: dict) -> None:
             "telemetry": meta,
             "memory": peak.record,
             **auto_dtype_record(cfg),
+            **auto_choices_record(cfg),
             "draft_kernel_rows": kernel_choices(pair.draft_model) if pair.draft_model is not None else {},
             "draft_kernel_sources": kernel_sources(pair.draft_model) if pair.draft_model is not None else {},
             # draft=auto's choice on this device: the kinds it skipped, with the reason (no kernel there)

@@ -13,6 +13,7 @@ import subprocess
 import pandas as pd
 
 from specbench.decoding.records import LLAMA_CT_COLUMNS
+from specbench.llama_cpp import procs
 from specbench.llama_cpp.binaries import find_tool
 from specbench.llama_cpp.options import amx_repack_flags
 
@@ -22,7 +23,7 @@ def llama_bench(model: str, *, prompts: list[int], gen: int, depth: int, threads
     cmd = [str(find_tool("llama-bench", bin_dir)), "-m", str(model), "-t", str(threads), "-r", str(reps), "-o", "json"]
     cmd += ["-p", ",".join(map(str, prompts)) if prompts else "0", "-n", str(gen), "-d", str(depth)]
     cmd += amx_repack_flags("llama-bench")
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=procs.die_with_parent())
     if done.returncode != 0:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"llama-bench failed (exit {done.returncode}) on {model}: {tail}")

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from specbench.llama_cpp import procs
 from specbench.llama_cpp.binaries import find_tool
 from specbench.llama_cpp.options import GGUF_TYPES as TYPES
 
@@ -42,7 +43,7 @@ def gguf_path(gguf_type: str, cache_dir: Path | None = None, bin_dir: str | None
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}-", suffix=".gguf")
     os.close(fd)
     cmd = [str(find_tool("llama-quantize", bin_dir)), "--allow-requantize", str(source), tmp, gguf_type]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=procs.die_with_parent())
     if done.returncode != 0:
         Path(tmp).unlink(missing_ok=True)
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]

@@ -17,11 +17,11 @@ import re
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specbench.llama_cpp import procs
 from specbench.llama_cpp.binaries import find_tool
 from specbench.llama_cpp.options import DRAFT_SAMPLING, NGRAM_TYPES, amx_repack_flags, speculative_flags
 
@@ -133,18 +133,33 @@ class LlamaServer:
         self.stop()
 
     def start(self) -> None:
-        """Start the process and wait until /health says ok (or raise with the log tail)."""
+        """Start the process and wait until /health says ok (or raise with the log tail). However start ends
+        short of that (an error, Ctrl-C, a signal), the process is stopped; a failed start keeps its log."""
         if self.spec.port:
             check_port_free(self.spec.port)
         self.port = self.spec.port or free_port()
-        fd, log = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(log)
+        self.log_path = procs.new_log()
         self._log = open(self.log_path, "wb")
         env = {**os.environ, "LLAMA_TRACE": "1"}  # one "accepted a/n draft tokens" line per round
-        self.process = subprocess.Popen(
-            self.spec.args(self.port), stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        try:
+            self.process = subprocess.Popen(
+                self.spec.args(self.port),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches the job, which stops the server (and its group)
+                preexec_fn=procs.die_with_parent(),  # the kernel kills it when the job dies, SIGKILL included
+            )
+            procs.track(self, self.stop)
+            self._wait_healthy()
+        except LlamaServerError as exc:
+            self.stop(keep_log=True)
+            raise LlamaServerError(f"{exc} (full log: {self.log_path})") from None
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.spec.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -158,11 +173,11 @@ class LlamaServer:
             except OSError:
                 pass
             time.sleep(0.2)
-        self.stop()
         raise LlamaServerError(f"llama-server not healthy after {self.spec.startup_timeout:.0f} s: {self.log_tail()}")
 
-    def stop(self) -> None:
-        """Terminate by PID (its own process group), kill after 10 s; idempotent."""
+    def stop(self, keep_log: bool = False) -> None:
+        """Terminate by PID (its own process group), kill after 10 s, remove the log (`keep_log`: keep it
+        for the user, renamed so no sweep removes it); idempotent."""
         p, self.process = self.process, None
         if p is not None and p.poll() is None:
             try:
@@ -171,12 +186,18 @@ class LlamaServer:
             except (subprocess.TimeoutExpired, ProcessLookupError):
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    p.wait(timeout=10)
+                except (subprocess.TimeoutExpired, ProcessLookupError):
                     pass
-                p.wait()
+        procs.untrack(self)
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self.log_path is not None and self.log_path.is_file():
+            if keep_log:
+                self.log_path = procs.keep_log(self.log_path)
+            else:
+                self.log_path.unlink(missing_ok=True)
 
     def log_tail(self, lines: int = 6) -> str:
         if self.log_path is None or not self.log_path.is_file():

@@ -5,7 +5,8 @@ torch has none that stream at memory speed on an AVX2 CPU: its int8 kernel takes
 and its int4 kernel is compute-bound there, so a W8A16 / W4A16 draft of an fp32 target cost more than
 the target (`analysis/fast_path_fp32_cpu_amx_avx2_kernels/`). These quantize the activations to int8 per
 block of 32 and stream the weights once per step. They are built on first use (~30 s, then cached by
-torch under TORCH_EXTENSIONS_DIR) and registered as `torch.ops.specbench.*`, so `torch.compile` calls
+torch under TORCH_EXTENSIONS_DIR; a build killed halfway leaves torch's lock file, which the next load
+removes, saying so, before it builds again) and registered as `torch.ops.specbench.*`, so `torch.compile` calls
 them like any op. Where they cannot be built (not x86 with AVX2 and FMA, no C++ compiler) or are switched
 off (`SPECBENCH_CPU_MATVEC=0`, to measure torch's kernels instead), `available()` is False and the
 quantized layers use torch's kernels (and attention inductor's).
@@ -13,9 +14,12 @@ quantized layers use torch's kernels (and attention inductor's).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 
@@ -24,6 +28,8 @@ import torch
 from specbench.bench.envinfo import cpu_isa_flags
 
 SOURCES = (Path(__file__).with_name("cpu_matvec.cpp"), Path(__file__).with_name("cpu_attention.cpp"))
+NAME = "specbench_cpu_matvec"  # the extension's name, and its build folder's
+CLAIM = "specbench.lock"  # in the build folder: flock'ed by the process building or loading the kernels
 SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels, attention on inductor's
 REQUIRED_FLAGS = ("avx2", "fma")
 BLOCK = 32  # activation block and int4 weight group: the kernels' unit
@@ -41,13 +47,17 @@ def available() -> bool:
     from torch.utils import cpp_extension
 
     try:
-        cpp_extension.load(
-            name="specbench_cpu_matvec",
-            sources=[str(p) for p in SOURCES],
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],  # OpenMP: at::parallel_for runs threaded
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
+        build = build_directory()
+        with build_claim(build):
+            clear_stale_lock(build)
+            cpp_extension.load(
+                name=NAME,
+                sources=[str(p) for p in SOURCES],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],  # OpenMP: at::parallel_for runs threaded
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
+                is_python_module=False,
+            )
     except Exception as exc:  # no compiler or ninja, a failed build: torch's kernels still work
         warnings.warn(
             f"specbench's AVX2 weight-only kernels could not be built ({type(exc).__name__}: {exc}); "
@@ -61,6 +71,68 @@ def available() -> bool:
     global _loaded
     _loaded = True
     return True
+
+
+def build_directory() -> Path:
+    """Where torch builds the kernels: the folder its `load` picks by default (TORCH_EXTENSIONS_DIR, else
+    its default root's py<version>_<accelerator> folder), named here so its lock can be checked."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        accelerator = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        if torch.version.hip is not None:
+            accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(get_default_build_root(), f"{python}_{accelerator}")
+    return Path(root) / NAME
+
+
+@contextlib.contextmanager
+def build_claim(build: Path):
+    """Hold an exclusive `flock` on `build`/specbench.lock while torch builds or loads the kernels. The kernel
+    drops it when the holder dies, however it dies, so whoever holds it knows no live specbench process is
+    building there."""
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build / CLAIM, "a+") as claim:
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"specbench: waiting for another process building specbench's kernels in {build}", file=sys.stderr)
+            fcntl.flock(claim, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(claim, fcntl.LOCK_UN)
+
+
+def clear_stale_lock(build: Path) -> bool:
+    """Under `build_claim`: remove torch's `lock` in `build` when no live process holds it open (torch's builder
+    keeps it open from taking it to releasing it; a build killed in between leaves it, and torch would wait on
+    it forever), saying so on stderr. True if removed. A lock some process holds is left to it."""
+    lock = build / "lock"
+    if not lock.exists() or lock_holders(lock):
+        return False
+    print(
+        f"specbench: removing the stale build lock {lock} (a build of specbench's kernels was killed); "
+        "building them again",
+        file=sys.stderr,
+    )
+    lock.unlink(missing_ok=True)
+    return True
+
+
+def lock_holders(lock: Path) -> list[int]:
+    """Pids of the processes that have `lock` open (Linux /proc; processes this user cannot read are not seen,
+    and off Linux the answer is empty: the `build_claim` alone tells specbench's builds apart there)."""
+    target, holders = str(lock.resolve()), []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == target for fd in fd_dir.iterdir()):
+                holders.append(int(fd_dir.parent.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return holders
 
 
 def loaded() -> bool:

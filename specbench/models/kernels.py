@@ -19,6 +19,8 @@ import time
 import torch
 from torch import nn
 
+from specbench.models import choices
+
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which two kernels of one layer are timed (here and in quant)
 PROBE_BYTES = 48 << 20  # weight copies per probed shape: past the last-level cache
 MAX_COPIES = 512  # of one small shape in a probe
@@ -71,23 +73,44 @@ def aten_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 def gemv_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> int:
     """The most rows (of `PROBE_ROWS`) up to which ATen's gemv beats the other kernel (the prepacked one,
     or torch's default where prepacking is unsupported) for a bf16 weight of this shape; 0 where it never
-    does. Timed once per process per shape, over copies of the weight adding up to `stream_bytes` (the
-    model's linear weights, at most `PROBE_BYTES`), so that they stream from memory when a decode step's
-    weights would: timed on one cache-resident copy, the answer flipped for three of SmolLM2's five shapes."""
+    does. Timed once per machine and software version (`choices.cached`: later processes read the answer)
+    by `time_gemv_rows`, decided by `pick_gemv_rows`."""
+    name = f"gemv_rows bf16 {out_features}x{in_features} prepacked={prepacked} stream={stream_bytes}"
+    timings = functools.partial(time_gemv_rows, out_features, in_features, prepacked, stream_bytes)
+    return choices.cached(name, timings, pick_gemv_rows)[0]
+
+
+def time_gemv_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> dict:
+    """{rows: {"gemv": s, "other": s}} up to the first row count where the gemv is not clearly faster. Timed
+    over copies of the weight adding up to `stream_bytes` (the model's linear weights, at most `PROBE_BYTES`),
+    so that they stream from memory when a decode step's weights would: timed on one cache-resident copy,
+    the answer flipped for three of SmolLM2's five shapes."""
     copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
     layers = [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
     kernels = {
         "gemv": [m.gemv for m in layers],
         "other": [m.prepacked if prepacked else m.torch_default for m in layers],
     }
-    best = 0
+    timings = {}
     with torch.inference_mode():
         for rows in PROBE_ROWS:
             x = torch.randn(rows, in_features, dtype=torch.bfloat16)
             t = interleaved_medians({name: lambda fs=fs, x=x: [f(x) for f in fs] for name, fs in kernels.items()})
-            if not clearly_faster(t["gemv"], t["other"]):  # a near-tie goes to the kernel that equals torch's
+            timings[str(rows)] = t
+            if not clearly_faster(t["gemv"], t["other"]):
                 break
-            best = rows
+    return timings
+
+
+def pick_gemv_rows(timings: dict) -> int:
+    """The rule: the most rows up to which the gemv was clearly faster (`clearly_faster`), counting up from
+    the fewest rows of `{rows: {"gemv": s, "other": s}}`; 0 where it never was. A near-tie goes to the kernel
+    that equals torch's."""
+    best = 0
+    for rows, t in sorted((int(rows), t) for rows, t in timings.items()):
+        if not clearly_faster(t["gemv"], t["other"]):
+            break
+        best = rows
     return best
 
 

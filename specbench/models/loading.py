@@ -16,11 +16,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from platformdirs import user_cache_dir
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.config import DTYPES as DTYPE_NAMES
+from specbench.models import choices
+from specbench.models.choices import default_cache_dir  # noqa: F401 - specbench's cache folder, used from here
 from specbench.models.kernels import CpuLinear, clearly_faster, interleaved_medians, prepack_supported
 
 EMBEDDED = "embedded"
@@ -34,10 +35,6 @@ class ModelLoadError(ValueError):
 
 class TokenizerMismatchError(ValueError):
     """Target and draft do not share a tokenizer, so their token ids mean different things."""
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SPECBENCH_CACHE", user_cache_dir("specbench")))
 
 
 def resolve_dtype(dtype: str, device: str, draft_weights: str | None = None, cpu_linear: str = "tuned") -> torch.dtype:
@@ -61,14 +58,25 @@ PROBE_GAMMA = 4  # draft steps per probed round: fixed, so every job of a gamma 
 PROBE_SHAPE = (1536, 576)  # SmolLM2-135M's MLP weights [out, in]; 24 copies stream from memory
 
 
+def dtype_choice_name(draft_weights: str | None, cpu_linear: str) -> str:
+    """The name of `pair.dtype=auto`'s choice on CPU in specbench's choices cache (`choices.cached`)."""
+    return f"dtype cpu draft={draft_weights} linear={cpu_linear}"
+
+
 @functools.lru_cache(maxsize=8)
-def fastest_cpu_dtype(
-    draft_weights: str | None = None, cpu_linear: str = "tuned", repeats: int = 7
-) -> tuple[str, dict[str, dict[str, float]]]:
+def fastest_cpu_dtype(draft_weights: str | None = None, cpu_linear: str = "tuned") -> tuple[str, dict]:
     """('bfloat16' | 'float32', per dtype the median seconds of a decode step's matvecs: {'target': ..,
     'draft': .., 'round': target + PROBE_GAMMA x draft}); fp32 wins only by more than a near-tie (`pick_dtype`).
+    Timed once per machine and software version by `time_cpu_dtypes` (`choices.cached`: every later
+    process, and so every job of a sweep, reads the same choice)."""
+    name = dtype_choice_name(draft_weights, cpu_linear)
+    return choices.cached(name, functools.partial(time_cpu_dtypes, draft_weights, cpu_linear), pick_dtype)
 
-    Timed in the kernels a job runs, interleaved, once per process and setting: the target's matvecs
+
+def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned", repeats: int = 7) -> dict:
+    """Per dtype the median seconds of a decode step's matvecs: {'target': .., 'draft': .., 'round': ..}.
+
+    Timed in the kernels a job runs, interleaved: the target's matvecs
     in bf16 as `CpuLinear` runs them (the faster of ATen's gemv and the prepacked oneDNN kernel) unless
     `cpu_linear='torch'`, in fp32 as nn.Linear; a weight-only draft's (`draft_weights` 'int8' | 'int4')
     in its layer's kernel for that dtype (fp32: specbench's `cpu_matvec` where it builds, else torch's int4
@@ -106,7 +114,7 @@ def fastest_cpu_dtype(
         seconds[name][part] = min(t, seconds[name].get(part, t))
     for parts in seconds.values():
         parts["round"] = parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0)
-    return pick_dtype(seconds), seconds
+    return seconds
 
 
 def pick_dtype(seconds: dict[str, dict[str, float]]) -> str:

@@ -20,7 +20,7 @@ import time
 import torch
 from torch import nn
 
-from specbench.models import cpu_matvec
+from specbench.models import choices, cpu_matvec
 from specbench.models.kernels import PROBE_ROWS
 from specbench.models.vocab import SubsetHead, restrict_head
 
@@ -85,22 +85,42 @@ def _median_time(run, x: torch.Tensor) -> float:
 def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device) -> int:
     """The most rows (of `PROBE_ROWS`) up to which the weight-only `kind` kernel (`kernel_source`) beats a dequantized
     GEMM at this shape and dtype on this machine; 0 where it never does, or does not apply (not CPU,
-    another dtype). Timed once per process per shape, when a layer is quantized. A GEMM's cost does
-    not fall as rows grow, so a kernel under half the last GEMM time wins without timing the GEMM again."""
-    if kernel_source(kind, dtype, device) is None:
+    another dtype). Timed once per machine and software version (`choices.cached`: later processes read
+    the answer) by `time_kernel_rows`, decided by `pick_kernel_rows`."""
+    source = kernel_source(kind, dtype, device)
+    if source is None:
         return 0
+    name = f"kernel_rows {kind} {out_features}x{in_features} {str(dtype).removeprefix('torch.')} source={source}"
+    timings = functools.partial(time_kernel_rows, kind, out_features, in_features, dtype)
+    return choices.cached(name, timings, pick_kernel_rows)[0]
+
+
+def time_kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dtype) -> dict:
+    """{rows: {"kernel": s, "gemm": s}} up to the first row count where the kernel loses. A GEMM's cost does
+    not fall as rows grow, so while a kernel takes under half the last GEMM time that GEMM time stands in."""
     linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype)
     layer = WEIGHT_ONLY_LAYERS[kind](linear, probe=False)
-    best, gemm = 0, 0.0
+    timings, gemm = {}, 0.0
     with torch.inference_mode():
         for rows in PROBE_ROWS:
             x = torch.randn(rows, in_features, dtype=dtype)
             kernel = _median_time(layer.kernel, x)
             if kernel >= gemm / 2:
                 gemm = _median_time(layer.gemm, x)
+            timings[str(rows)] = {"kernel": kernel, "gemm": gemm}
             if kernel > gemm:
                 break
-            best = rows
+    return timings
+
+
+def pick_kernel_rows(timings: dict) -> int:
+    """The rule: the most rows up to which the kernel took no longer than the GEMM, counting up from the
+    fewest rows of `{rows: {"kernel": s, "gemm": s}}`; 0 where it never did."""
+    best = 0
+    for rows, t in sorted((int(rows), t) for rows, t in timings.items()):
+        if t["kernel"] > t["gemm"]:
+            break
+        best = rows
     return best
 
 
