@@ -1,0 +1,188 @@
+"""The README and docs/ stay true: links resolve, generated pages are current, evidence folders are cited,
+no package-index address is written into the project, and the README's commands and example run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specbench.config.reference import render as render_configuration
+from specbench.report.evidence import check_citations, render_index
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+TEST_COMMAND = 'python -m pytest -q -m "not slow"'
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def broken_links(pages: list[Path]) -> list[str]:
+    """Each relative markdown link (file or folder, anchors ignored) that does not resolve."""
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                broken.append(
+                    f"{page.relative_to(page.parents[1]) if page.parent.name == 'docs' else page.name}: {target}"
+                )
+    return broken
+
+
+def _pages() -> list[Path]:
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_readme_is_short():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 250
+
+
+def test_every_relative_link_resolves():
+    assert broken_links(_pages()) == []
+
+
+def test_a_broken_link_is_reported(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("[ok](page.md) [gone](missing.md#x) [web](https://example.com)\n")
+    assert broken_links([tmp_path / "docs" / "page.md"]) == ["docs/page.md: missing.md#x"]
+
+
+def test_docs_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name != "README.md":
+            assert f"]({page.name})" in index, page.name
+
+
+def test_configuration_reference_is_generated():
+    committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert committed == render_configuration(), "run: python -m specbench.config.reference > docs/configuration.md"
+
+
+def test_evidence_index_is_generated():
+    committed = (ROOT / "analysis" / "INDEX.md").read_text(encoding="utf-8")
+    assert committed == render_index(), "run: python -m specbench.report.evidence > analysis/INDEX.md"
+
+
+def test_every_evidence_folder_exists_and_is_cited():
+    assert check_citations() == []
+
+
+def test_a_dangling_or_uncited_folder_is_reported(tmp_path):
+    (tmp_path / "analysis" / "kept").mkdir(parents=True)
+    (tmp_path / "analysis" / "orphan").mkdir()
+    (tmp_path / "README.md").write_text("see analysis/kept/ and analysis/gone/; specbench/analysis/rows.py\n")
+    assert check_citations(tmp_path) == [
+        "cited but missing: analysis/gone/ (in README.md)",
+        "not cited anywhere: analysis/orphan/",
+    ]
+
+
+def test_every_evidence_folder_has_a_manifest():
+    import json
+
+    for folder in sorted(p for p in (ROOT / "analysis").iterdir() if p.is_dir()):
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        assert {"claim", "commit", "command", "hardware", "environment", "report"} <= set(manifest), folder.name
+        assert (folder / "MANIFEST.md").is_file() and (folder / manifest["report"]).is_file(), folder.name
+        for repeat in manifest["repeats"]:
+            assert (folder / repeat["folder"]).is_dir(), (folder.name, repeat)
+
+
+def test_no_package_index_address_in_the_repository():
+    # The user's own pip configuration (index, mirror, proxy) must apply: no address is written here.
+    # The patterns are assembled so that this file does not match itself.
+    patterns = [
+        re.escape("pypi" + ".org"),
+        re.escape("files." + "pythonhosted.org"),
+        r"https?://[^\s\"')]*/" + "simple\\b",
+    ]
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for name in files:
+        path = ROOT / name
+        if not path.is_file() or path.suffix in {".png", ".parquet"}:
+            continue
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        hits += [f"{name}: {m.group(0)}" for p in patterns for m in re.finditer(p, text)]
+    assert hits == []
+
+
+def test_configs_point_at_modules_that_exist():
+    for yaml in sorted((ROOT / "conf").rglob("*.yaml")):
+        for ref in re.findall(r"specbench/[\w/]+\.py", yaml.read_text(encoding="utf-8")):
+            assert (ROOT / ref).is_file(), f"{yaml.relative_to(ROOT)}: {ref}"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = README.read_text(encoding="utf-8")
+    ci_last = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()][-1]
+    assert ci_last == TEST_COMMAND
+    assert readme.count(TEST_COMMAND) == 1
+
+
+def _readme_blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_readme_sweep_command_runs_on_the_tiny_pair(tmp_path):
+    install = next(b for b in _readme_blocks("bash") if "+sweep=gamma" in b and "pip install -e ." in b)
+    command = install.strip().split("&&")[-1].split()
+    assert command[:3] == ["python", "-m", "specbench"], command
+    tiny = ["pair=tiny", "draft=model", "workload=synthetic", "workload.n_prompts=1", "workload.prompt_tokens=8"]
+    tiny += ["max_new_tokens=4", "ct_bench=false", "report=false", "hydra.sweeper.params.gamma=1,2"]
+    tiny += [f"runs_dir={tmp_path / 'runs'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    run = subprocess.run(
+        [sys.executable, *command[1:], *tiny], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(list((tmp_path / "runs" / "gamma").glob("*/done.json"))) == 2
+
+
+@pytest.fixture
+def tiny_target_dir(tmp_path):
+    """A tiny random Llama with the embedded model's tokenizer, saved as a model directory."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from specbench.models.loading import embedded_gguf
+
+    try:
+        gguf = embedded_gguf()
+    except Exception as exc:  # noqa: BLE001 - the wheel is optional outside CI
+        pytest.skip(str(exc))
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    import torch
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+def test_readme_python_example_runs_on_a_tiny_target(tiny_target_dir, capsys):
+    (example,) = _readme_blocks("python")
+    assert 'target="embedded"' in example
+    code = example.replace('target="embedded"', f"target={str(tiny_target_dir)!r}").replace(
+        "max_new_tokens=32", "max_new_tokens=8"
+    )
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "accepted" in printed and "new_tokens" in printed
