@@ -115,7 +115,7 @@ class StaticLM:
         self.lengths: list[int] = []  # committed tokens cached per slot (= its next write column)
         self.compile_seconds = 0.0  # warm_up's wall time: compilation (and the first run) of every shape
         self.new_shapes = 0  # forwards outside warm_up that met a shape warm_up had not
-        self.skip_guards = True  # met shapes skip dynamo's full guard check (scripts/bench_guards.py)
+        self.skip_guards = True  # met shapes skip dynamo's full guard check (analysis/guards_cpu_avx512/)
         self._shapes: set[tuple[int, int]] = set()
         concat = concat_linears(model)
         self.weights_key = weights_fingerprint(model) if self.compiled else ""  # FUSION_PASS's cache key

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Render a report.html in headless Chromium and check the screenshot is not blank.
 
-    python scripts/check_report_html.py runs/<sweep>/report/report.html [--png shot.png]
-    python scripts/check_report_html.py --synthetic OUT_DIR   # build a report from synthetic rows first
+    python tests/check_report_html.py runs/<sweep>/report/report.html [--png shot.png]
+    python tests/check_report_html.py --synthetic OUT_DIR   # build a report from synthetic rows first
 
 Exit status 0 if the page rendered with visible content (not one colour, enough
 non-white pixels, a spread of colours as plots have), 1 if blank, 2 if Chromium is missing
