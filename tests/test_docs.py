@@ -184,3 +184,29 @@ def test_readme_python_example_runs_on_a_tiny_target(tiny_target_dir, capsys):
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "accepted" in printed and "new_tokens" in printed
+
+
+def _readme_sweep_commands() -> list[list[str]]:
+    """The overrides of every `python -m specbench ...` line in the README's shell blocks."""
+    commands = []
+    for block in _readme_blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("&&")[-1].split("#")[0].strip()
+            if line.startswith("python -m specbench "):
+                commands.append(line.split()[3:])
+    return commands
+
+
+@pytest.mark.parametrize("overrides", _readme_sweep_commands(), ids=" ".join)
+def test_readme_sweep_commands_compose_and_validate(overrides):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from specbench.app import CONF_DIR, to_config
+
+    # a sweep value (gamma=2,4,6) composes as its first value; hydra.* settings are the launcher's
+    plain = [o if "," not in o or "[" in o else o.split(",")[0] for o in overrides if not o.startswith("hydra.")]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose("config", overrides=plain)
+    to_config(cfg)
