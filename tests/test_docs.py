@@ -3,6 +3,7 @@ no package-index address is written into the project, and the README's commands 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -83,8 +84,6 @@ def test_a_dangling_or_uncited_folder_is_reported(tmp_path):
 
 
 def test_every_evidence_folder_has_a_manifest():
-    import json
-
     for folder in sorted(p for p in (ROOT / "analysis").iterdir() if p.is_dir()):
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         assert {"claim", "commit", "command", "hardware", "environment", "report"} <= set(manifest), folder.name
@@ -210,3 +209,34 @@ def test_readme_sweep_commands_compose_and_validate(overrides):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose("config", overrides=plain)
     to_config(cfg)
+
+
+def test_manifest_is_written_from_a_runs_records(tmp_path):
+    from specbench.report.evidence import main
+
+    run = tmp_path / "runs" / "gamma"
+    (run / "gamma=1").mkdir(parents=True)
+    env = {
+        "git": {"commit": "0123456789abcdef0123", "dirty": False},
+        "time": "2026-12-04T10:00:00+00:00",
+        "hardware_label": "cpu:Intel Xeon avx512+bf16+amx x2",
+        "cpu": {"isa": {"flags": ["avx2", "amx_bf16"], "torch_capability": "AVX512"}, "torch_threads": 2},
+        "libraries": {"torch": "2.13.0+cpu", "transformers": "5.24.0"},
+        "python": "3.11.7",
+        "platform": "Linux",
+    }
+    (run / "gamma=1" / "env.json").write_text(json.dumps(env))
+    (run / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: [+sweep=gamma, threads=2]\n")
+    folder = tmp_path / "analysis" / "gamma_sweep_x"
+    (folder / "repeats" / "run2").mkdir(parents=True)
+    (folder / "report.md").write_text("# report\n")
+    main(["manifest", str(folder), "--run", str(run), "--claim", "A claim."])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["commit"] == "0123456789ab" and manifest["command"] == "python -m specbench +sweep=gamma threads=2"
+    assert manifest["hardware"]["device"] == "cpu:Intel Xeon avx512+bf16+amx x2"
+    assert "torch 2.13.0+cpu" in manifest["environment"] and manifest["report"] == "report.md"
+    assert manifest["repeats"] == [{"folder": "repeats/run2"}]
+    main(["manifest", str(folder)])  # updating keeps what it is not given
+    assert json.loads((folder / "manifest.json").read_text())["claim"] == "A claim."
+    with pytest.raises(SystemExit, match="no claim"):
+        main(["manifest", str(tmp_path / "analysis"), "--run", str(run)])

@@ -1,6 +1,7 @@
 """The curated evidence in `analysis/`: one folder per claim, its manifest, and who cites it.
 
     python -m specbench.report.evidence > analysis/INDEX.md
+    python -m specbench.report.evidence manifest analysis/<folder> --run runs/<sweep> --claim "..."
 
 Each folder holds `manifest.json` (claim, commit, command, hardware, environment, report, repeats) and
 `MANIFEST.md` (the record written when it was run). A folder is cited as `analysis/<folder>/` from
@@ -10,8 +11,10 @@ folder and every folder nobody cites (`tests/test_docs.py` runs it).
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,5 +106,79 @@ def render_index(root: Path = ROOT) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run_record(run: Path) -> tuple[dict, str | None]:
+    """The first job's env.json under `run` (a sweep or job directory), and the sweep's command if recorded."""
+    envs = sorted(run.glob("env.json")) or sorted(run.glob("*/env.json"))
+    if not envs:
+        raise FileNotFoundError(f"{run}: no env.json (a sweep directory, runs/<sweep>, or one job's)")
+    env = json.loads(envs[0].read_text(encoding="utf-8"))
+    command = None
+    multirun = run / "multirun.yaml"
+    if multirun.is_file():
+        from omegaconf import OmegaConf
+
+        task = OmegaConf.load(multirun).hydra.overrides.task
+        command = " ".join(["python -m specbench", *task])
+    return env, command
+
+
+def write_manifest(folder: Path, run: Path | None = None, claim: str | None = None, command: str | None = None) -> dict:
+    """Write (or update) `folder/manifest.json` from a run's env.json: commit, hardware, environment.
+
+    Fields not given keep their value in an existing manifest; `repeats` lists the folder's `repeats/*`."""
+    path = folder / "manifest.json"
+    old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    new = dict(old, folder=folder.name)
+    if run is not None:
+        env, recorded = _run_record(run)
+        git = env.get("git") or {}
+        cpu = env.get("cpu") or {}
+        new["commit"] = (git.get("commit") or "")[:12] + ("+dirty" if git.get("dirty") else "")
+        new["date"] = env.get("time")
+        new["hardware"] = {
+            "device": env.get("hardware_label"),
+            "isa_flags": (cpu.get("isa") or {}).get("flags"),
+            "torch_capability": (cpu.get("isa") or {}).get("torch_capability"),
+            "threads": cpu.get("torch_threads"),
+        }
+        libraries = ", ".join(f"{k} {v}" for k, v in sorted((env.get("libraries") or {}).items()))
+        new["environment"] = f"Python {env.get('python')}, {libraries}; {env.get('platform')}"
+        command = command or recorded
+    if claim is not None:
+        new["claim"] = claim
+    if command is not None:
+        new["command"] = command
+    new["report"] = next((n for n in ("report.md", "summary.md") if (folder / n).is_file()), old.get("report"))
+    repeats = {r["folder"]: r for r in old.get("repeats", [])}
+    new["repeats"] = [
+        repeats.get(f"repeats/{d.name}", {"folder": f"repeats/{d.name}"})
+        for d in sorted((folder / "repeats").glob("*"))
+        if d.is_dir()
+    ]
+    missing = [k for k in ("claim", "command", "commit", "hardware", "environment") if not new.get(k)]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(missing)} (pass --run runs/<sweep>, --claim, --command)")
+    path.write_text(json.dumps(new, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return new
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m specbench.report.evidence", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd")
+    m = sub.add_parser("manifest", help="write analysis/<folder>/manifest.json from a run's env.json")
+    m.add_argument("folder", type=Path)
+    m.add_argument("--run", type=Path, help="runs/<sweep> (or one job's directory) the folder's report came from")
+    m.add_argument("--claim", help="the claim this folder backs, one sentence")
+    m.add_argument("--command", help="the command that produced it (default: the sweep's recorded overrides)")
+    args = p.parse_args(argv)
+    if args.cmd == "manifest":
+        try:
+            write_manifest(args.folder, args.run, args.claim, args.command)
+        except (FileNotFoundError, ValueError) as exc:
+            sys.exit(str(exc))
+    else:
+        print(render_index(), end="")
+
+
 if __name__ == "__main__":
-    print(render_index(), end="")
+    main()
