@@ -35,7 +35,8 @@ def broken_links(pages: list[Path], root: Path = ROOT) -> list[str]:
 
 
 def _pages() -> list[Path]:
-    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+    others = [ROOT / "analysis" / "README.md", ROOT / "analysis" / "INDEX.md", ROOT / "scripts" / "README.md"]
+    return [README, *sorted((ROOT / "docs").glob("*.md")), *others]
 
 
 def test_readme_is_short():
