@@ -95,9 +95,8 @@ class StaticLM:
         self.model = model
         self.compiled = compile_mode is not None
         if self.compiled and impl != "eager":
-            # The grouped form (`attention.grouped_attention`): compiled, it beats eager's and SDPA's at every
-            # k (analysis/fast_path_one_copy_cpu_amx/). A copy of the modules, so the shared model keeps its own
-            # attention; the copy shares the parameters (the memo), so no weight is duplicated.
+            # The grouped form (`attention.grouped_attention`) beats eager's and SDPA's compiled at every k
+            # (analysis/fast_path_one_copy_cpu_amx/); on a copy of the modules sharing the parameters (memo).
             self.model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
             self.model.set_attn_implementation(GROUPED)
             if model.device.type == "cpu" and model.dtype == torch.float32:
@@ -284,9 +283,9 @@ class StaticLM:
             if not (self.compiled and self.skip_guards):
                 return self._forward(tokens, positions, columns)
             # Dynamo checks ~400 guards (every weight and cache tensor) before each call, a visible share of a
-            # small forward (analysis/guards_cpu_avx512/). A met shape has its own graph, told apart by the input shapes, so only those guards
-            # run. Should that graph not fit after all, dynamo refuses to recompile under this stance;
-            # then the full check runs below and the compile inside a decode is counted, never silent.
+            # small forward (analysis/guards_cpu_avx512/). A met shape has its own graph, told apart by the
+            # input shapes, so only those run; should it not fit after all, dynamo refuses to recompile under
+            # this stance, the full check runs below and the compile inside a decode is counted, never silent.
             try:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return self._forward(tokens, positions, columns)
@@ -356,8 +355,7 @@ class StaticLM:
 def concat_linears(model: PreTrainedModel) -> bool:
     """Whether a compile of `model` runs its linears that share an input (q/k/v, gate/up) as one GEMM
     (`compiled_forward`): as the model tags itself (`config.specbench_concat_linears`: W4A16 copies), else
-    for float32 weights on CPU, where it shortens the target's step a little at every k (profiled with
-    `scripts/profile_step.py --concat-linears off / on`; analysis/fast_path_w4a16h8_concat_cpu_amx/)."""
+    for float32 weights on CPU, where it shortens the target's step a little at every k (profile_step.py)."""
     tagged = getattr(model.config, "specbench_concat_linears", None)
     if tagged is not None:
         return bool(tagged)
@@ -373,10 +371,9 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     The settings are inductor's process-wide config (`torch.compile(options=...)` did not apply
     freezing here), so every later compile in the process gets them too; `concat_linears` alone is
     per compile (`concat_linears`): on CPU, linears that share an input (q/k/v, gate/up) run as one
-    GEMM. It paid for int4 and fp32 weights, cost int8's and was even for bf16 (profiled with
-    `scripts/profile_step.py --concat-linears off / on`; analysis/fast_path_w4a16h8_concat_cpu_amx/),
-    so W4A16 copies and fp32 models get it. specbench's own
-    weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`, for every model.
+    GEMM. It paid for int4 and fp32 weights, cost int8's and was even for bf16 (`scripts/profile_step.py
+    --concat-linears off / on`; analysis/fast_path_w4a16h8_concat_cpu_amx/), so W4A16 copies and fp32 get it.
+    specbench's weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`.
     """
     import torch._inductor.config as inductor
 
