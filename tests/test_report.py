@@ -252,7 +252,7 @@ def test_peak_memory_hook_shows_recorded_peaks(sweep, tmp_path):
 def test_html_renders_non_blank_in_chromium(built, tmp_path):
     png = tmp_path / "shot.png"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_report_html.py"), str(built["html"]), "--png", str(png)],
+        [sys.executable, str(ROOT / "tests" / "check_report_html.py"), str(built["html"]), "--png", str(png)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -265,7 +265,7 @@ def test_html_renders_non_blank_in_chromium(built, tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "check_report_html.py"),
+            str(ROOT / "tests" / "check_report_html.py"),
             str(blank),
             "--png",
             str(tmp_path / "blank.png"),

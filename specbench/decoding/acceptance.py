@@ -74,8 +74,8 @@ def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Ac
 
     p(x) is 1 or 0, so min(1, p/q) passes every uniform or none: accept while the draft is the target's
     argmax; the residual (p - q)+ is then one-hot at that argmax, which is the recovered token (or, past
-    gamma, the bonus). The same tokens without building p [B, gamma + 1, V] or drawing a uniform: ~1 ms
-    of a round's C_o at V = 49152 on the CPUs here.
+    gamma, the bonus). The same tokens without building p [B, gamma + 1, V] or drawing a uniform, which
+    was most of a greedy round's C_o on CPU (analysis/fast_path_greedy_co_cpu_amx/).
     """
     gamma = draft_tokens.shape[1]
     accepted = (draft_tokens == target_tokens[:, :gamma]).long().cumprod(-1).sum(-1)  # [B]

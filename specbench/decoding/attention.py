@@ -3,11 +3,11 @@
 Registered with transformers' `AttentionInterface` as `GROUPED`. Eager attention first copies each
 key/value head once per query head of its group (`repeat_kv`); over a preallocated cache that is
 the whole cache, every layer, every forward, and under `torch.compile` the scores matmul then packed
-those copies into a GEMM template's layout as well (a k = 5 target step 30 ms on the AMX Xeon here,
-20 ms of it attention). Here the query heads of a group become extra rows against their one
-key/value head: the same scores, nothing copied. At one query a row (a draft step, a plain decode
-step) that form's GEMM of r rows is slower than eager's broadcast (17.7 vs 14.7 ms a target step
-there), so one query takes eager's form, which inductor fuses into two small reductions; in float32 on CPU,
+those copies into a GEMM template's layout as well (two thirds of a compiled verify step in the
+profile). Here the query heads of a group become extra rows against their one key/value head: the
+same scores, nothing copied (analysis/fast_path_one_copy_cpu_amx/). At one query a row (a draft step,
+a plain decode step) that form's GEMM of r rows is slower than eager's broadcast, so one query takes
+eager's form, which inductor fuses into two small reductions; in float32 on CPU,
 specbench's AVX2 kernel for it (`cpu_matvec.one_query_attention`) where the kernels are loaded.
 """
 
@@ -60,8 +60,8 @@ def grouped_attention(
             # no weights, as transformers' SDPA form returns none
             return cpu_matvec.one_query_attention(query, key, value, attention_mask, scaling), None  # [B, 1, H, d]
         return _one_query(module, query.view(b, g, r, d), key, value, attention_mask, scaling, dropout)
-    # With C a symbol of the compiled graph (`symbolic_columns`), bmm is ATen's, whose bf16 form costs ~20 us
-    # a call at these sizes against 4-10 us in fp32 (AMX Xeon, 2 threads): so fp32, the dtype a matmul
+    # With C a symbol of the compiled graph (`symbolic_columns`), bmm is ATen's, whose bf16 form is several
+    # times slower than fp32 at these sizes (profiled on the AMX Xeon): so fp32, the dtype a matmul
     # accumulates in; and the fold is a copy always (a reshape would ask whether it is a view, a guard that
     # pins the graph to one C).
     symbolic = symbolic_columns(query.device)
@@ -109,9 +109,8 @@ def one_query_kernel(
 ) -> bool:
     """Whether `cpu_matvec.one_query_attention` runs a one-query attention (q [B, H, 1, d]): float32 on CPU, a
     head dim it takes, one mask for all heads, no dropout, and specbench's kernels loaded (`StaticLM` loads
-    them before it compiles: this check must not build them inside a traced forward). Inductor's fused form
-    took 26 us a layer at ~190 cached columns, the kernel 21 us; a `w4a16h8` draft step after a 400-token
-    prompt 5-7% less (AMX Xeon, AVX2 code, 2 threads; scripts/profile_step.py, builds alternated)."""
+    them before it compiles: this check must not build them inside a traced forward). The kernel beats
+    inductor's fused form, most on long contexts (analysis/fast_path_one_query_attention_cpu_amx_avx2/)."""
     return (
         q.device.type == "cpu"
         and q.dtype == key.dtype == value.dtype == torch.float32

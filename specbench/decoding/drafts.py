@@ -92,8 +92,8 @@ class ModelDraft:
         self.follows = target if self.target_prompt_kv and self.target_decode_kv and both_static else None
         if self.target_prompt_kv and target is not None:
             # A weight-only copy reads the target's KV as well as its own (the decode stays exact whatever
-            # the draft's state), and that prefill is done: its own cost ~2x the target's (an eager
-            # int4 forward) and was 7-8% of a 128-token decode's wall time (AMX Xeon, 2 threads).
+            # the draft's state), and that prefill is done: its own would cost more than the target's
+            # (an eager int4 forward) for no gain in acceptance (analysis/fast_path_prompt_kv_cpu_amx/).
             self.lm.prefill_from(target, committed)
         else:
             self.lm.prefill(committed)
@@ -127,9 +127,8 @@ class ModelDraft:
         if self.follows is not None:
             # The target's verify fed each row's newest committed token and all gamma drafts from the column this
             # round's draft feed started at (the two caches hold the same rows): its K/V of them replaces the
-            # draft's, the last draft's included, which the draft never fed. A w4a16h8 draft's catch-up forward of
-            # that draft and the next round's token took 9.5 ms against 6.2 for one token (AMX Xeon, AVX2
-            # kernels, 2 threads, scripts/probe_draft_in_loop.py).
+            # draft's, the last draft's included, which the draft never fed, so no two-token catch-up forward
+            # follows an all-accepted round (analysis/fast_path_target_decode_kv_cpu_amx_avx2/).
             self.lm.take_columns(self.follows, min(self._starts), max(self._starts) + self._gamma + 1)
             self.lm.keep_last_fed(fed, accepted, accepted_host)
         elif fed:

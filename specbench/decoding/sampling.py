@@ -247,8 +247,8 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """The index of the largest entry along the last dim, the first one on ties: [..., V] -> [...].
 
     `x.max(-1).indices` returns what `argmax(-1)` returns (first on ties, NaN where a row has one; tested),
-    but torch's CPU argmax is a slower reduction: over V = 49152, 0.18 vs 0.07 ms for 6 rows and 0.061 vs
-    0.023 ms for one (AMX Xeon, 2 threads); a greedy round takes ~11 of them."""
+    but torch's CPU argmax is a slower reduction over a large vocabulary, and a greedy round takes ~11 of
+    them (analysis/fast_path_first_argmax_cpu_amx/)."""
     return x.max(-1).indices
 
 
@@ -297,7 +297,7 @@ def next_tokens(
 ) -> torch.Tensor:
     """`sample(process_logits(logits, sampling, context), generator)`, [..., V] -> [...], for callers
     that need the token only (not the distribution): under greedy, the argmax of the processed logits,
-    without building the one-hot and taking its argmax again (~0.3 ms of a CPU step at V = 49152)."""
+    without building the one-hot and taking its argmax again (a pass over V saved per step)."""
     if sampling.greedy:
         return first_argmax(_penalized(logits, sampling, context))
     return sample(process_logits(logits, sampling, context), generator)
@@ -311,7 +311,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, certai
     `.item()` checks, each a host sync; elsewhere `torch.multinomial` (checks included), except
     that rows with one nonzero entry take it without drawing (the generator is not advanced).
     `certain=True`: the caller knows every row is one-hot (`process_logits` under greedy), so the
-    argmax is taken without that check (a pass over V that cost ~0.1–0.2 ms of a CPU step).
+    argmax is taken without that check (one pass over V fewer).
     """
     flat = probs.reshape(-1, probs.shape[-1])
     if certain:
@@ -319,8 +319,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, certai
     if flat.is_cuda:
         return exponential_race(flat, generator).reshape(probs.shape[:-1])
     # One nonzero entry per row (greedy's one-hot, or a filter that left one token): the draw is certain.
-    # multinomial would still draw a random number per vocabulary entry: ~1 ms at V = 49152 here, the
-    # largest part of a greedy step's C_o. Checked on the host, which costs no sync on CPU.
+    # multinomial would still draw a random number per vocabulary entry, the largest part of a greedy
+    # step's C_o (analysis/fast_path_2threads_co_cpu_avx512/). Checked on the host: no sync on CPU.
     if bool((flat.count_nonzero(-1) == 1).all()):
         return first_argmax(flat).reshape(probs.shape[:-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

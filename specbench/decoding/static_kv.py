@@ -53,7 +53,7 @@ class RowLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # states [B, kv_heads, k, d] go to columns write_at [B, k] of their rows. An index_put, not a
         # scatter: inductor writes an index_put into the buffer in place, while a scatter became a copy
-        # of the whole layer's buffer in and out on every forward (3.9 ms of a 9.7 ms draft step here).
+        # of the whole layer's buffer in and out on every forward (a large share of a draft step).
         at = self.owner.write_at
         rows = torch.arange(at.shape[0], device=at.device)[:, None]  # [B, 1]
         self.keys[rows, :, at] = key_states.transpose(1, 2)  # indexed [B, k, kv_heads, d]
@@ -95,10 +95,8 @@ class StaticLM:
         self.model = model
         self.compiled = compile_mode is not None
         if self.compiled and impl != "eager":
-            # The grouped form (`attention.grouped_attention`): compiled, a k = 5 target step took 19.9 ms
-            # against eager's 30.3 and SDPA's 21.5 (AMX Xeon, 2 threads, scripts/profile_step.py); at k = 1 it
-            # is eager's form (14.7 ms; SDPA 17.5). A copy of the modules, so the shared model keeps its own
-            # attention; the copy shares the parameters (the memo), so no weight is duplicated.
+            # The grouped form (`attention.grouped_attention`) beats eager's and SDPA's compiled at every k
+            # (analysis/fast_path_one_copy_cpu_amx/); on a copy of the modules sharing the parameters (memo).
             self.model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
             self.model.set_attn_implementation(GROUPED)
             if model.device.type == "cpu" and model.dtype == torch.float32:
@@ -117,7 +115,7 @@ class StaticLM:
         self.lengths: list[int] = []  # committed tokens cached per slot (= its next write column)
         self.compile_seconds = 0.0  # warm_up's wall time: compilation (and the first run) of every shape
         self.new_shapes = 0  # forwards outside warm_up that met a shape warm_up had not
-        self.skip_guards = True  # met shapes skip dynamo's full guard check (scripts/bench_guards.py)
+        self.skip_guards = True  # met shapes skip dynamo's full guard check (analysis/guards_cpu_avx512/)
         self._shapes: set[tuple[int, int]] = set()
         concat = concat_linears(model)
         self.weights_key = weights_fingerprint(model) if self.compiled else ""  # FUSION_PASS's cache key
@@ -151,14 +149,8 @@ class StaticLM:
             low = torch.finfo(self.model.dtype).min
             masks = {t: torch.zeros_like(m, dtype=self.model.dtype).masked_fill(~m, low) for t, m in masks.items()}
         mask = masks if len(masks) > 1 else next(iter(masks.values()))
-        out = self.model(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            **{self.cache_keyword: self.cache},  # read once in __init__: dynamo would trace the lookup's cache
-            use_cache=True,
-        )
-        return out.logits
+        cache = {self.cache_keyword: self.cache}  # the keyword read once in __init__: dynamo would trace its lookup
+        return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **cache, use_cache=True).logits
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
@@ -217,7 +209,7 @@ class StaticLM:
                 f"heads, columns, head size), this one's {len(mine)} of {tuple(mine[0].keys.shape)}"
             )
         n = min(stop, self.capacity) - start
-        torch._foreach_copy_(  # 2 x layers small copies in one call: ~0.2-0.5 ms a round for the embedded pair
+        torch._foreach_copy_(  # 2 x layers small copies in one call (counted in C_o)
             [t.narrow(2, start, n) for layer in mine for t in (layer.keys, layer.values)],
             [t.narrow(2, start, n) for layer in theirs for t in (layer.keys, layer.values)],
         )
@@ -265,8 +257,8 @@ class StaticLM:
 
     def _columns_to(self, need: int) -> torch.Tensor:
         """Columns 0..n-1 a forward attends to, given the most any row holds after it. `symbolic_columns`
-        (CPU): n is that rounded up to VISIBLE_STEP, so attention costs what the rows hold (a W4A16 draft step
-        7.07 → 6.30 ms at capacity 384 with rows of 100-190 tokens; scripts/profile_step.py), and compiled, a
+        (CPU): n is that rounded up to VISIBLE_STEP, so attention costs what the rows hold, not the capacity
+        (analysis/fast_path_visible_cpu_amx/), and compiled, a
         symbol of the graph (unbacked: nothing may guard on its value), so one graph per (S, k) serves every n.
         Otherwise (GPU) the whole capacity: one static shape per (S, k), as CUDA graphs need."""
         n = min(self.capacity, -(-need // VISIBLE_STEP) * VISIBLE_STEP) if self.symbolic_columns else self.capacity
@@ -285,10 +277,10 @@ class StaticLM:
         if shape in self._shapes:
             if not (self.compiled and self.skip_guards):
                 return self._forward(tokens, positions, columns)
-            # Dynamo checks ~400 guards (every weight and cache tensor) before each call: ~1 ms a forward
-            # here. A met shape has its own graph, told apart by the input shapes, so only those guards
-            # run. Should that graph not fit after all, dynamo refuses to recompile under this stance;
-            # then the full check runs below and the compile inside a decode is counted, never silent.
+            # Dynamo checks ~400 guards (every weight and cache tensor) before each call, a visible share of a
+            # small forward (analysis/guards_cpu_avx512/). A met shape has its own graph, told apart by the
+            # input shapes, so only those run; should it not fit after all, dynamo refuses to recompile under
+            # this stance, the full check runs below and the compile inside a decode is counted, never silent.
             try:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                     return self._forward(tokens, positions, columns)
@@ -358,9 +350,7 @@ class StaticLM:
 def concat_linears(model: PreTrainedModel) -> bool:
     """Whether a compile of `model` runs its linears that share an input (q/k/v, gate/up) as one GEMM
     (`compiled_forward`): as the model tags itself (`config.specbench_concat_linears`: W4A16 copies), else
-    for float32 weights on CPU, where it took the fp32 target's step 26.5 → 24.9 ms at k = 1 and 35.4 → 34.1
-    ms at k = 6 (AVX2 torch kernels, 2 threads, two runs each; scripts/profile_step.py --model target
-    --dtype float32 --compile-mode default --concat-linears off / on)."""
+    for float32 weights on CPU, where it shortens the target's step a little at every k (profile_step.py)."""
     tagged = getattr(model.config, "specbench_concat_linears", None)
     if tagged is not None:
         return bool(tagged)
@@ -371,15 +361,14 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     """`torch.compile` of a forward with its weights frozen (prepacked once, as constants).
 
     CPU, "max-autotune": inductor's C++ GEMM templates are timed against ATen per shape; at M = 1
-    they stream the weights ~3x faster than eager's oneDNN call on the machines here. CUDA:
+    they stream the weights much faster than eager's oneDNN call on the CPUs measured. CUDA:
     inductor's "max-autotune" mode (Triton GEMMs and CUDA graphs). "default": freezing only.
     The settings are inductor's process-wide config (`torch.compile(options=...)` did not apply
     freezing here), so every later compile in the process gets them too; `concat_linears` alone is
     per compile (`concat_linears`): on CPU, linears that share an input (q/k/v, gate/up) run as one
-    GEMM. It paid for int4 weights (a W4A16 draft step 6.56 → 6.04 ms) and fp32 ones, cost int8's
-    (7.9 → 9.2 ms) and was even for bf16 (AMX Xeon, 2 threads, scripts/profile_step.py
-    --concat-linears off / on), so W4A16 copies and fp32 models get it. specbench's own
-    weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`, for every model.
+    GEMM. It paid for int4 and fp32 weights, cost int8's and was even for bf16 (`scripts/profile_step.py
+    --concat-linears off / on`; analysis/fast_path_w4a16h8_concat_cpu_amx/), so W4A16 copies and fp32 get it.
+    specbench's weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`.
     """
     import torch._inductor.config as inductor
 
@@ -387,8 +376,8 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     inductor.freezing = True
     # Inductor inlines a pointwise producer into its consumers unless its body is long. On CPU its
     # default limit (50 ops) let q's rotary embedding (cos, sin, mul, add) be recomputed for every key
-    # column inside the fused attention reduction: 104 us a layer, a third of a 9.2 ms W4A16 draft step
-    # (AMX Xeon, 2 threads; scripts/profile_step.py). Realizing producers past 10 ops stores q once: 45 us.
+    # column inside the fused attention reduction, a third of a W4A16 draft step in the profile
+    # (scripts/profile_step.py). Realizing producers past 10 ops stores q once and halves that layer's cost.
     if hasattr(inductor, "realize_cpu_opcount_threshold"):  # absent in torch 2.11 (the GPU image's)
         inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
     # specbench's weight-only ops on one input (q/k/v, gate/up) run as one call (`matvec_fusion`)
@@ -397,8 +386,8 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     if device.type != "cpu":
         return torch.compile(step, mode=mode, dynamic=False)
     # The wrapper's Python checks of every input's and custom op output's strides (~360 a W4A16 draft step) guard
-    # StaticLM's own buffers, one graph per (S, k): off, a w4a16h8 draft step 5.59 / 5.64 ms against 5.74 / 5.77
-    inductor.size_asserts = inductor.alignment_asserts = False  # (AVX2 kernels, 2 threads, profile_step.py)
+    # StaticLM's own buffers, one graph per (S, k): off, a draft step is ~2-3% shorter (profile_step.py)
+    inductor.size_asserts = inductor.alignment_asserts = False
     if mode == "max-autotune":
         inductor.max_autotune = True
         inductor.max_autotune_gemm_backends = "CPP,ATEN"

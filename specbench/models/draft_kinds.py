@@ -56,20 +56,23 @@ DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
 
 AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kinds the job can use
 # The embedded pair's drafts per device class, best first, from end-to-end runs of
-# scripts/bench_fast_path.py on that class (2 threads, 8 Spec-Bench prompts, greedy; folders in analysis/).
-# A kind moves up only when a run separates it: on AMX w4a16h8 / W8A16 was 1.10x [1.01, 1.26] per prompt
-# at gamma 5; n-gram lookup had about w4a16h8's median but ran 0.35-1.34x of it by prompt.
+# scripts/bench_fast_path.py on that class (2 threads, 8 Spec-Bench prompts, greedy). A kind moves up only
+# when a run separates it. The evidence folder of each class is beside it; docs/fast-path.md has the table.
 # "cuda": a kind whose formats have no CUDA kernel in this torch is skipped (`device_refusal`); int4 first, as it
 # streams a quarter of the bf16 bytes (analysis/gpu_h200/).
 DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
-    "amx": ("w4a16h8", "w8a16", "ngram", "w4a16"),  # fast_path_w4a16h8_concat_cpu_amx/
-    "avx512": ("w8a16", "ngram", "w4a16"),  # fast_path_2threads_co_cpu_avx512/, draft_cpu_tuned_linears_avx512/
-    # fast_path_cpu_matvec_cpu_amx_avx2_kernels/ (fp32, dtype=auto's choice there; specbench's cpu_matvec kernels):
-    # both self-drafts 1.44-1.55x the fast baseline (CIs above 1.2) in two runs, n-gram 0.94-1.11x (CIs span 1);
-    # w4a16h8 / W8A16 1.03-1.14x per prompt, never separated, first as on AMX
+    # AMX: w4a16h8 / W8A16 1.10x [1.01, 1.26] per prompt at gamma 5; n-gram about w4a16h8's median but 0.35-1.34x
+    # of it by prompt (analysis/fast_path_w4a16h8_concat_cpu_amx/)
+    "amx": ("w4a16h8", "w8a16", "ngram", "w4a16"),
+    # AVX-512 without AMX: W8A16 the best model draft, none beats the fast baseline there
+    # (analysis/fast_path_2threads_co_cpu_avx512/, analysis/draft_cpu_tuned_linears_avx512/)
+    "avx512": ("w8a16", "ngram", "w4a16"),
+    # AVX2 in fp32 (dtype=auto's choice there; specbench's cpu_matvec kernels): both self-drafts clearly above the
+    # fast baseline in two runs, n-gram not separated from 1; w4a16h8 / W8A16 never separated, first as on AMX
+    # (analysis/fast_path_cpu_matvec_cpu_amx_avx2_kernels/)
     "avx2": ("w4a16h8", "w8a16", "ngram", "w4a16"),
     # AVX2 with bf16 forced (pair.dtype=bfloat16): the self-drafts run torch's kernels, which do not beat the
-    # bf16 gemv there (int8 0.56-0.85x, int4 0.93-1.22x per layer: weight_only_kernels/, cpu_linear_avx2_only/)
+    # bf16 gemv there (analysis/weight_only_kernels/, analysis/cpu_linear_avx2_only/)
     "avx2_bf16": ("ngram", "w8a16"),
     "other": ("ngram", "w8a16"),  # no vector kernels to speak of: no model draft can be cheap
     "cuda": ("w4a16", "w8a16", "ngram"),
