@@ -62,6 +62,12 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--out", required=True, help="JSON results")
     m = sub.add_parser("summary", help="per job of a device-check sweep: C_o share, host syncs, energy per token")
     m.add_argument("sweep_dir")
+    m.add_argument(
+        "--alphas",
+        type=lambda t: [float(x) for x in t.split(",") if x],
+        default=[0.6, 0.7, 0.8, 0.9],
+        help="acceptance rates to solve the cost model's optimal γ per batch size at (shape-only models accept nothing)",
+    )
     return ap
 
 
