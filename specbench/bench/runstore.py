@@ -1,14 +1,11 @@
 """The run store: one directory per job, `runs/<sweep>/<job>/`, written crash-safely.
 
-Why: sweeps run for hours, jobs die (OOM, `kill -9`, a pre-empted SLURM node), and
-a report must be regenerable from `runs/` alone. So every file is written
-atomically (temp file in the same directory, fsync, `os.replace`): a reader sees
-the old file, the new file, or nothing, never half a parquet. `done.json` is
-written LAST; a job directory without it is incomplete, and `prepare_job_dir`
-wipes its leftovers before a re-run so rows are never duplicated. Only files
-specbench wrote are ever deleted: `prepare_job_dir` marks a job folder with a
-`.specbench/` directory, every write into a marked folder is listed in
-`.specbench/written` first, and a non-empty folder without the mark is refused.
+Why: sweeps run for hours, jobs die (OOM, `kill -9`, a pre-empted SLURM node), and a report must be regenerable
+from `runs/` alone. So every file is written atomically (temp file in the same directory, fsync, `os.replace`):
+a reader sees the old file, the new file, or nothing. `done.json` is written LAST; a job directory without it
+is incomplete, and `prepare_job_dir` wipes its leftovers before a re-run so rows are never duplicated. Only
+files specbench wrote are ever deleted: `prepare_job_dir` marks a job folder with `.specbench/`, every write
+into it is listed in `.specbench/written` first, and a non-empty folder without the mark is refused.
 
 Layout of a job directory::
 
@@ -19,7 +16,6 @@ Layout of a job directory::
         done.json                    # written last: the job is complete
         .specbench/written           # the names written here (what a re-run may delete)
         .specbench/claim.lock        # the worker running the job (specbench.bench.claims)
-
 Jobs may sit at any depth under the sweep directory; `load_sweep` finds them.
 """
 
@@ -333,14 +329,9 @@ class CorruptTableError(ValueError):
 
 
 def load_sweep(sweep_dir: PathLike, table: str = "rounds") -> pd.DataFrame:
-    """Concatenate `<table>.parquet` of every DONE job under `sweep_dir` (any depth).
-
-    Adds a first column `job`: the job dir relative to `sweep_dir` (posix path).
-    Incomplete and failed jobs are ignored (see `load_failures`). Raises
-    FileNotFoundError if the dir does not exist and ValueError if no finished
-    job has that table, saying what was found instead; `CorruptTableError` (a
-    ValueError) naming the file if a finished job's table cannot be read.
-    """
+    """`<table>.parquet` of every DONE job under `sweep_dir` (any depth), with a first column `job` (its dir relative
+    to `sweep_dir`); unfinished and failed jobs are left out (`load_failures`). FileNotFoundError without the dir,
+    ValueError when no finished job has the table (saying what there is), CorruptTableError naming an unreadable one."""
     root = _check_sweep_dir(sweep_dir)
     fname = _check_name(table, TABLE_SUFFIX)
     done = _job_dirs(root, DONE_FILE)
@@ -351,9 +342,9 @@ def load_sweep(sweep_dir: PathLike, table: str = "rounds") -> pd.DataFrame:
             try:
                 df = pd.read_parquet(path)
             except Exception as exc:  # pyarrow's ArrowInvalid is a ValueError: keep it apart from "no table"
+                why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
                 raise CorruptTableError(
-                    f"{path}: unreadable table ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                    "re-run that job with force=true, or move its folder out of the sweep"
+                    f"{path}: unreadable table ({why}); re-run that job with force=true, or move it out of the sweep"
                 ) from exc
             df.insert(0, "job", _rel(root, job))
             frames.append(df)
