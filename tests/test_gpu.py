@@ -578,3 +578,24 @@ def test_cuda_peak_memory_on_the_jobs_device():
         x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda:0")
     del x
     assert peak.record["peak_cuda_bytes"] >= 64 << 20
+
+
+def test_requirements_hold_on_the_gpu_image_with_the_carried_wheels():
+    """Every requirement of specbench is either carried as a wheel or met by the GPU image's own version: the install
+    on the GPU machine failed while specbench asked for transformers >= 5.24 (the image has 5.17, and a newer one
+    needs a huggingface_hub the image lacks)."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    from specbench.gpu import wheels
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    carried = {n.replace("_", "-") for n in wheels.MISSING_ON_IMAGE}
+    for dep in map(Requirement, deps):
+        name = dep.name.lower().replace("_", "-")
+        if name in carried or name not in wheels.IMAGE_VERSIONS:
+            continue
+        assert dep.specifier.contains(wheels.IMAGE_VERSIONS[name], prereleases=True), (str(dep), "image has", name)
+    assert "transformers" not in carried and "huggingface-hub" not in carried  # the image's own stay
+    pins = dict(p.split("==") for p in wheels.pins() if "==" in p)
+    assert set(pins) <= carried

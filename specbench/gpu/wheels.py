@@ -23,6 +23,15 @@ MISSING_ON_IMAGE = (
     "colorlog",
     "platformdirs",
 )
+# The image's versions (device tool's KINDS.md, read 2026-11) of specbench's other requirements.
+IMAGE_VERSIONS = {
+    "torch": "2.11.0",
+    "transformers": "5.17.0",
+    "huggingface-hub": "1.33.0",
+    "accelerate": "1.15.0",
+    "safetensors": "0.8.0",
+    "numpy": "2.5.2",
+}
 # The image's versions of what the carried wheels and specbench's imports need: a rehearsal venv starts with these.
 IMAGE_PINS = (
     "transformers==5.17.0",
