@@ -283,9 +283,9 @@ def test_llama_cpp_speculative_sampling_passes_the_audit():
     from specbench.models.loading import load_model
 
     target, tok = load_model("embedded", dtype="float32")
-    prompts = [tok("My favourite colour is")["input_ids"]]
+    prompts = [tok("The capital of France is")["input_ids"]]  # a peaked continuation: the joint test keeps its bins
     sampling = SamplingConfig(1.0)
-    settings = AuditSettings(samples=300, tokens=4, reference="sample", seed=3)
+    settings = AuditSettings(samples=300, tokens=3, reference="sample", seed=3)  # 300 samples must fill the joint test
     with LlamaCppAudit(["llama_cpp:probabilistic"], gamma=2) as la:
         res = run_audit(
             target,
