@@ -21,7 +21,7 @@
 #             NVML energy per token per job (sweep_summary.txt)                cpu 25 s / gpu 180 s, cap 200 s
 #   report    python -m specbench.report <sweep> (cost model, optimal gamma per batch size) cpu 10 s / gpu 30 s, cap 60 s
 #   fastpath  python -m specbench.gpu fastpath: eager vs compiled (CUDA graphs) side by side, 8B/1B
-#             shapes cut to 8 layers each (compile time), B = 1 and 16, plain and gamma 4  cpu 10 s / gpu 90 s, cap 120 s
+#             shapes cut to 8 layers each (compile time), B = 1 (FASTPATH_BATCHES=1,16 for more), plain and gamma 4  cpu 10 s / gpu 100 s, cap 120 s
 #   equality  greedy speculative == autoregressive on shape-only Llama-3.2-1B,
 #             float32 (must match) and bfloat16 (margins reported)          cpu  5 s / gpu  40 s, cap  60 s
 # --budget (default 470 s) bounds the whole run: one command inside the GPU machine's 8 minutes.
@@ -220,7 +220,7 @@ equality() {
 
 fastpath() {
   if [ "$MODE" = gpu ]; then
-    "$PY" -m specbench.gpu fastpath --device cuda --layers 8 --batch-sizes "${FASTPATH_BATCHES:-1,16}" --gamma 4 --new-tokens 32 \
+    "$PY" -m specbench.gpu fastpath --device cuda --layers 8 --batch-sizes "${FASTPATH_BATCHES:-1}" --gamma 4 --new-tokens 32 \
       --repeats 3 --compile-mode reduce-overhead --out "$OUTDIR/fastpath.json"
   else  # the static path uncompiled: the same code but inductor, which costs minutes on CPU
     "$PY" -m specbench.gpu fastpath --device cpu --target-shape tiny-llama --draft-shape tiny-llama --dtype float32 \
