@@ -10,7 +10,8 @@ from specbench.decoding.acceptance import greedy_accept, rejection_sample
 from specbench.decoding.decoder import speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.kvcache import CachedLM
-from specbench.decoding.policies import POLICIES, STOP_REASONS, draft_lengths, verify_q
+from specbench.decoding.lengths import draft_lengths, verify_q
+from specbench.decoding.policies import POLICIES, STOP_REASONS
 from specbench.decoding.sampling import SamplingConfig
 
 GREEDY = SamplingConfig()
@@ -127,3 +128,15 @@ def test_cache_invariant_and_round_rows_with_ragged_lengths(name, tau, target, c
         if r.stop == "pruned":
             assert r.q_drafted[r.drafted] < tau and all(x >= tau for x in r.q_drafted[: r.drafted])
     assert {r.stop for r in rows} - {"gamma"} or name == "schedule"
+
+
+def test_config_names_field_value_and_choices():
+    from specbench.config.components import DraftConfig
+
+    with pytest.raises(ValueError, match=r"draft.policy='stop': must be one of \['fixed', 'confidence_stop'"):
+        DraftConfig(policy="stop")
+    with pytest.raises(ValueError, match=r"draft.policy='prune_naive': not lossless, for the audit only"):
+        DraftConfig(policy="prune_naive")
+    with pytest.raises(ValueError, match=r"draft.tau=1.5: must be a probability"):
+        DraftConfig(policy="confidence_stop", tau=1.5)
+    assert DraftConfig(policy="confidence_stop", tau=0.3).tau == 0.3

@@ -20,15 +20,8 @@ import torch
 from specbench.decoding.acceptance import GREEDY_FORMS, Acceptance, rejection_sample
 from specbench.decoding.drafts import Draft
 from specbench.decoding.kvcache import CachedLM
-from specbench.decoding.policies import (
-    FIXED,
-    STOP_REASONS,
-    DraftPolicy,
-    confidence,
-    draft_lengths,
-    next_gamma,
-    verify_q,
-)
+from specbench.decoding.lengths import confidence, draft_lengths, verify_q
+from specbench.decoding.policies import FIXED, STOP_REASONS, DraftPolicy, next_gamma
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
 from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits
 from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host

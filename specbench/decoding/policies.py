@@ -9,7 +9,8 @@ A policy is data, read by pure tensor functions; the decoder never branches on i
 * `adapt(gamma, gamma_max, accepted, drafted)`: the row's gamma for its next round (host ints).
 
 `drop` and `stop_after` are comparisons, so the exact enumeration (`specbench.audit.policy_exact`)
-calls them on Fractions: the rule it enumerates is this code.
+calls them on Fractions: the rule it enumerates is this code. Their tensor forms over a batch are in
+`specbench.decoding.lengths`. No torch here: configs validate `draft.policy` against this registry.
 
 Which are lossless, and why. The acceptance rule min(1, p/q) with residual (p - q)+ outputs p at a
 position exactly when the candidate there was drawn from the q it is handed. Stopping *after* a kept
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
 
 from specbench.registry import Registry
 
@@ -65,42 +64,6 @@ POLICIES.register("confidence_stop", DraftPolicy(stop_after=_below))
 POLICIES.register("schedule", DraftPolicy(adapt=_transformers_schedule))
 POLICIES.register("prune_renormalized", DraftPolicy(drop=_below, restrict_q=True))
 POLICIES.register("prune_naive", DraftPolicy(lossless=False, drop=_below))  # audit only: breaks losslessness
-
-
-def confidence(drafts: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """drafts [B, G], q [B, G, V] -> q(x_i) [B, G] and max_v q_i(v) [B, G]: the draft's confidence."""
-    return q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1), q.amax(-1)
-
-
-def draft_lengths(
-    policy: DraftPolicy,
-    q_x: torch.Tensor | None,  # [B, G] q(x_i); None when q was not built (then no rule reads it)
-    tau: float,
-    row_gamma: torch.Tensor,  # [B] long, each row's gamma this round (<= G)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> drafts kept per row [B] long (0..row_gamma) and the stop reason [B] long (index into STOP_REASONS)."""
-    length, reason = row_gamma.clone(), torch.zeros_like(row_gamma)
-    if q_x is None:
-        return length, reason
-    pos = torch.arange(q_x.shape[1], device=q_x.device)[None]  # [1, G]
-    big = torch.full_like(q_x, q_x.shape[1] + 1, dtype=torch.long)
-    for rule, cut, code in ((policy.stop_after, pos + 1, 1), (policy.drop, pos, 2)):
-        if rule is None:
-            continue
-        at = torch.where(rule(q_x, tau), cut.expand_as(big), big).amin(-1)  # [B] first cut, G + 1 if none
-        reason = torch.where(at < length, torch.full_like(reason, code), reason)
-        length = torch.minimum(length, at)
-    return length, reason
-
-
-def verify_q(policy: DraftPolicy, q: torch.Tensor, tau: float) -> torch.Tensor:
-    """The q [B, G, V] the acceptance rule is handed: q, or q restricted to {q >= tau} renormalized
-    (a position whose every q < tau keeps q: its draft was dropped, the rule never reads it)."""
-    if not policy.restrict_q:
-        return q
-    kept = torch.where(q >= tau, q, torch.zeros_like(q))
-    z = kept.sum(-1, keepdim=True)
-    return torch.where(z > 0, kept / z.clamp_min(torch.finfo(q.dtype).tiny), q)
 
 
 def next_gamma(policy: DraftPolicy, gamma: int, gamma_max: int, accepted: int, drafted: int) -> int:
