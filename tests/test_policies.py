@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy
+from conftest import VOCAB, hf_greedy
 
 from specbench.decoding.acceptance import greedy_accept, rejection_sample
 from specbench.decoding.decoder import speculative_decode
-from specbench.decoding.drafts import ModelDraft
+from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.lengths import draft_lengths, verify_q
 from specbench.decoding.policies import POLICIES, STOP_REASONS
@@ -140,3 +140,27 @@ def test_config_names_field_value_and_choices():
     with pytest.raises(ValueError, match=r"draft.tau=1.5: must be a probability"):
         DraftConfig(policy="confidence_stop", tau=1.5)
     assert DraftConfig(policy="confidence_stop", tau=0.3).tau == 0.3
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, T1])
+def test_ngram_without_fill_proposes_nothing_without_a_match(sampling, target, prompts):
+    """fill=False: a row without a match drafts nothing (a plain target step, its token from p), rows of one
+    round verify different counts, and the target's cache keeps exactly the committed tokens."""
+    target_lm = CachedLM(target)
+
+    def check(seqs, rows):
+        for i, seq in enumerate(seqs):
+            if len(seq) - len(prompts[rows[i]]) < 24:
+                torch.testing.assert_close(target_lm.row_kv(i, 0)[0], _fresh_keys(target, seq[:-1]))
+
+    g = torch.Generator().manual_seed(2)
+    result = speculative_decode(
+        target_lm, NgramDraft(VOCAB, fill=False), prompts, 4, sampling, 24, set(), g, on_round=check
+    )
+    if sampling.greedy:
+        for row, prompt in enumerate(prompts):
+            assert result.tokens[row] == hf_greedy(target, prompt, 24)
+    drafted = [r.drafted for r in result.rounds]
+    assert 0 in drafted and max(drafted) > 0
+    for r in result.rounds:
+        assert r.drafted <= r.gamma == 4 and (r.drafted > 0 or (r.accepted == 0 and r.extra == "bonus"))

@@ -66,6 +66,9 @@ class DraftConfig:
     # draft's probability q(x_i) (confidence_stop, prune_renormalized; ignored by fixed and schedule).
     policy: str = "fixed"
     tau: float = 0.0
+    # n-gram lookup without a match (or past its end): draft the last token again (True), or propose nothing,
+    # so the round is a plain target step (False)
+    ngram_fill: bool = True
 
     def __post_init__(self) -> None:
         lossless = tuple(name for name in POLICIES if POLICIES.get(name).lossless)

@@ -247,9 +247,11 @@ def speculative_decode(
         drafts, q = draft.propose(seqs, max(gammas), sampling, generator, token_context, with_q=with_q)  # [B, G]
         drafts = drafts.to(target.device)
         q_x, q_max = confidence(drafts, q.to(target.device)) if with_q else (None, None)  # [B, G]
-        lengths, stops = draft_lengths(policy, q_x, tau, to_device(gammas, target.device))  # [B]
+        # what the draft really proposed per row (n-gram lookup without a match, unfilled: nothing)
+        offered = gammas if draft.proposed is None else [min(g, n) for g, n in zip(gammas, draft.proposed)]
+        lengths, stops = draft_lengths(policy, q_x, tau, to_device(offered, target.device))  # [B]
         # A policy reading the drawn drafts decides lengths on the device: the host learns them here (a second sync).
-        drafted = to_host(lengths)[0] if policy.reads_confidence else gammas
+        drafted = to_host(lengths)[0] if policy.reads_confidence else offered
         width = max(drafted)  # verify up to the longest row; shorter rows' acceptance is masked by `lengths`
         m1 = timer.mark()
         last = to_device([[s[-1]] for s in seqs], target.device)

@@ -20,6 +20,9 @@ from specbench.decoding.timing import to_device
 
 class Draft(Protocol):
     name: str
+    # After `propose`: how many of its drafts each row really proposes (the rest fills the rectangle and is
+    # not verified); None: all of them. n-gram lookup without a match proposes nothing (`fill=False`).
+    proposed: list[int] | None
 
     def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
         """Start a batch with these rows' committed tokens so far (prompt + the first new token).
@@ -82,6 +85,7 @@ class ModelDraft:
         self.follows: StaticLM | None = None  # the target whose verify K/V this batch takes (target_decode_kv)
         self._starts: list[int] = []  # per active row, the column this round's first fed token went to
         self._gamma = 0
+        self.proposed = None
 
     def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
         # The newest committed token is left uncached: every round starts by feeding the
@@ -152,7 +156,16 @@ class NgramDraft:
     repeats (summaries, RAG, code edits) and the target is confident.
     """
 
-    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        vocab_size: int,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        device: str | torch.device = "cpu",
+        fill: bool = True,
+    ):
+        """`fill`: without a match (or past the match's end) draft the last token again, a cheap guess that is
+        verified like any draft; False: propose only the matched tokens (`proposed`), none without a match."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(
                 f"draft.min_ngram={min_ngram}, draft.max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram"
@@ -161,22 +174,30 @@ class NgramDraft:
         self.vocab_size = vocab_size
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.device = torch.device(device)
+        self.fill = fill
+        self.proposed: list[int] | None = None
 
     def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
         pass
 
     def lookup(self, seq: list[int], gamma: int) -> list[int]:
         """Tokens that followed the most recent earlier match of the longest suffix n-gram."""
+        return self.match(seq, gamma)[0]
+
+    def match(self, seq: list[int], gamma: int) -> tuple[list[int], int]:
+        """`lookup`'s gamma tokens and how many of them the match proposes (the rest: the last token again)."""
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             suffix = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):
                 if seq[start : start + n] == suffix:
                     follow = seq[start + n : start + n + gamma]
-                    return follow + [follow[-1]] * (gamma - len(follow))
-        return [seq[-1]] * gamma  # no match: a cheap guess, still verified losslessly
+                    return follow + [follow[-1]] * (gamma - len(follow)), len(follow)
+        return [seq[-1]] * gamma, 0  # no match: a cheap guess, still verified losslessly
 
     def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
-        drafts = to_device([self.lookup(s, gamma) for s in seqs], self.device)  # async on CUDA: no sync
+        matches = [self.match(s, gamma) for s in seqs]
+        self.proposed = None if self.fill else [n for _, n in matches]
+        drafts = to_device([tokens for tokens, _ in matches], self.device)  # async on CUDA: no sync
         if not with_q:
             return drafts, None
         q = torch.zeros(*drafts.shape, self.vocab_size, device=self.device).scatter_(-1, drafts[..., None], 1.0)

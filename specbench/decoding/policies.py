@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from specbench.registry import Registry
 
 # Why a row's round drafted what it drafted (the `stop` column of the round rows).
-STOP_GAMMA = "gamma"  # drafted its whole gamma for the round
+STOP_GAMMA = "gamma"  # drafted all it could: its gamma for the round, or what the draft proposed (n-gram)
 STOP_CONFIDENCE = "confidence"  # `stop_after` held at its last kept draft
 STOP_PRUNED = "pruned"  # `drop` held at the draft after its last kept one
 STOP_REASONS = (STOP_GAMMA, STOP_CONFIDENCE, STOP_PRUNED)
