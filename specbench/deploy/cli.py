@@ -24,6 +24,8 @@ def run(
     target: str | None = None,
     draft: str | None = None,
     max_batch_size: int | None = None,
+    policy: str = "fixed",
+    tau: float = 0.0,
 ) -> Path:
     """Compute the schedules of a sweep and write schedule.{md,csv,json} and the engine files; returns the out dir."""
     _, requests = add_gamma_setting(load_sweep(sweep_dir, "rounds"), load_sweep(sweep_dir, "requests"))
@@ -32,7 +34,7 @@ def run(
     except ValueError as e:
         raise ValueError(f"{sweep_dir}: {e}") from None
     out_dir = Path(out) if out else Path(sweep_dir) / "deploy"
-    write_deployment(schedules, out_dir, target, draft, max_batch_size)
+    write_deployment(schedules, out_dir, target, draft, max_batch_size, policy, tau)
     return out_dir
 
 
@@ -50,9 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-model", help="target id/path the engines should load (default: the sweep's label)")
     p.add_argument("--draft-model", help="draft id/path the engines should load (default: the sweep's label)")
     p.add_argument("--max-batch-size", type=int, help="extend the last batch-size range up to this (vLLM schedule)")
+    p.add_argument("--policy", default="fixed", help="draft-length policy to write to the engines' knobs")
+    p.add_argument("--tau", type=float, default=0.0, help="its threshold (transformers, llama.cpp)")
     a = p.parse_args(argv)
     try:
-        out = run(a.sweep_dir, a.out, a.metric, a.target_model, a.draft_model, a.max_batch_size)
+        out = run(a.sweep_dir, a.out, a.metric, a.target_model, a.draft_model, a.max_batch_size, a.policy, a.tau)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
