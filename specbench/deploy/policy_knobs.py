@@ -5,10 +5,11 @@ The knobs, read off each engine's documentation and source:
 * transformers: `assistant_confidence_threshold` stops the assistant after a token whose probability is
   below it, keeping that token (`confidence_stop`); `num_assistant_tokens_schedule="heuristic"` is the
   +2 / -1 rule (`schedule`). Nothing drops a drafted token.
-* llama.cpp: `--spec-draft-p-min` stops drafting *before* a token whose probability is below it (a drop,
-  as `prune_*`; for `confidence_stop` it cuts one token earlier). With its default greedy draft and
-  match verification any cut is lossless; with `--spec-draft-sampling` it is a decision on the sampled
-  token's own probability (audit it before relying on it). No schedule knob.
+* llama.cpp: `--spec-draft-p-min` stops drafting at position i, without x_i, when the draft's *top*
+  probability max_v q_i(v) is below it (common/speculative.cpp, draft-simple: `cur_p->data[0].p < p_min` on
+  the candidates sorted by p, in the probabilistic `--spec-draft-sampling` mode too). It reads q_i, not the
+  sampled token, so it is a decision taken before sampling: lossless (by reading the source; not audited
+  here). It stands for `confidence_stop` (which reads q(x_i) and keeps x_i) approximately. No schedule knob.
 * vLLM (`--speculative-config`) and SGLang (`--speculative-*`): no per-token confidence threshold and no
   per-request schedule of γ (vLLM's dynamic speculative decoding varies γ per batch size, written apart).
 """
@@ -46,8 +47,9 @@ def llama_cpp_p_min(name: str, tau: float) -> tuple[float, list[str]]:
         notes.append(f"draft.policy={name}: llama.cpp has no schedule of γ; this command drafts up to γ per round.")
     if p.stop_after is not None:
         notes.append(
-            f"--spec-draft-p-min {tau:g} stands for draft.policy={name}: llama.cpp stops before the low-confidence "
-            "token rather than after it (one token fewer than specbench's confidence_stop)."
+            f"--spec-draft-p-min {tau:g} stands for draft.policy={name} approximately: llama.cpp stops before position i "
+            "when the draft's top probability there is below it, while confidence_stop keeps x_i and stops when q(x_i) "
+            "is below tau."
         )
     return (tau if p.reads_confidence else 0.0), notes
 
