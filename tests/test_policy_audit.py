@@ -50,3 +50,27 @@ def test_policy_decoder_names_are_checked():
         check_decoder_name("policy:nope")
     with pytest.raises(ValueError, match=r"tau '2' must be a probability"):
         check_decoder_name("policy:prune_naive@2")
+
+
+def test_transformers_confidence_threshold_is_audited(pair, cache):
+    """transformers' own policy (assistant_confidence_threshold > 0, which keeps the token and then stops) at
+    T = 1 passes a small exact audit; the threshold is applied (fewer assistant forwards)."""
+    from specbench.audit.decoders import hf_assisted_decoder
+
+    target, draft = pair
+    calls = [0]
+    hook = draft.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        counts = []
+        for threshold in (0.0, 0.2):
+            calls[0] = 0
+            decoder = hf_assisted_decoder(target, draft, 4, PLAIN, set(), threshold)
+            decoder.sample(TINY_PROMPTS[0], 10, 8, 0)
+            counts.append(calls[0])
+    finally:
+        hook.remove()
+    assert counts[1] < counts[0]
+    decoder = hf_assisted_decoder(target, draft, 2, PLAIN, set(), 0.2)
+    settings = AuditSettings(samples=300, tokens=3)
+    row = run_audit(target, decoder, [TINY_PROMPTS[0]], PLAIN, set(), settings, cache=cache).summary.iloc[0]
+    assert row.decoder == "hf_assisted@0.2" and row.verdict == "pass"

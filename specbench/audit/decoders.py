@@ -25,7 +25,8 @@ DECODER_NAMES = ("speculative", "speculative:static", "speculative:compiled", "a
 # llama.cpp's, run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding)
 LLAMA_CPP_AUDIT_DECODERS = ("llama_cpp", "llama_cpp:probabilistic", "llama_cpp_autoregressive")
 DECODER_CHOICES = (
-    " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS) + " | broken:<variant> | policy:<draft policy>[@tau]"
+    " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS)
+    + " | broken:<variant> | policy:<draft policy>[@tau] | hf_assisted@<assistant_confidence_threshold>"
 )
 POLICY_TAU = 0.3  # policy:<name> without @tau
 
@@ -163,8 +164,10 @@ def hf_assisted_decoder(
     gamma: int,
     sampling: SamplingConfig,
     eos_token_ids: set[int] = frozenset(),
+    confidence_threshold: float = 0.0,
 ) -> DecoderUnderTest:
-    """transformers' assisted generation, one continuation per `generate` call (batch size 1)."""
+    """transformers' assisted generation, one continuation per `generate` call (batch size 1);
+    `confidence_threshold`: its own draft-length policy (`assistant_confidence_threshold`)."""
     from specbench.decoding.hf_assisted import hf_assisted_decode
     from specbench.decoding.timing import PhaseTimer
 
@@ -183,11 +186,13 @@ def hf_assisted_decoder(
                 set(eos_token_ids),
                 derive_seed(seed, i),
                 timer,
+                confidence_threshold,
             )
             rows.append(result.tokens[0])
         return pad_rows(rows, tokens)
 
-    return DecoderUnderTest("hf_assisted", sample, gamma, first_speculative_token=1)
+    name = f"hf_assisted@{confidence_threshold:g}" if confidence_threshold else "hf_assisted"
+    return DecoderUnderTest(name, sample, gamma, first_speculative_token=1)
 
 
 def check_decoder_name(name: str) -> None:
@@ -196,6 +201,8 @@ def check_decoder_name(name: str) -> None:
         get_variant(name.removeprefix("broken:"))
     elif name.startswith("policy:"):
         policy_spec(name)
+    elif name.startswith("hf_assisted@"):
+        policy_spec("policy:confidence_stop@" + name.partition("@")[2])
     elif name not in DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS:
         raise ValueError(f"audit.decoder={name!r}: must be {DECODER_CHOICES}")
 
@@ -210,8 +217,8 @@ def make_decoder(
         return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, forward=forward)
     if name == "autoregressive":
         return autoregressive_decoder(target, sampling, eos, settings.batch_size)
-    if name == "hf_assisted":
-        return hf_assisted_decoder(target, draft, gamma, sampling, eos)
+    if name.startswith("hf_assisted"):  # hf_assisted@tau: with its assistant_confidence_threshold
+        return hf_assisted_decoder(target, draft, gamma, sampling, eos, float(name.partition("@")[2] or 0.0))
     if name.startswith("policy:"):
         policy, tau = policy_spec(name)
         return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, policy=policy, tau=tau)
