@@ -63,6 +63,25 @@ def run(target, make_draft, prompts, gamma, sampling, tokens, eos, seed, policy=
     return out
 
 
+class DraftFree:
+    """The target's costs from a profile, with a model-free draft's own C_d (n-gram lookup: its median t_draft)."""
+
+    def __init__(self, timing: TimingProfile, rounds: pd.DataFrame) -> None:
+        self.timing, self.cd = timing, float(rounds.drop_duplicates(["prompt", "round"])["t_draft"].median())
+
+    def c_d(self, gamma):
+        return self.cd if gamma else 0.0
+
+    def c_t(self, k):
+        return self.timing.c_t(k)
+
+    def c_o(self, gamma):
+        return self.timing.c_o(gamma)
+
+    def c_t1(self):
+        return self.timing.c_t1()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=48)
@@ -104,15 +123,16 @@ def main() -> None:
     for g in (2, g_max):
         ng = run(target, lambda: NgramDraft(target.config.vocab_size, fill=False), prompts, g, t1, args.tokens, eos, 0)
         share = no_draft_share(ng)
-        ng_curve = fit_accept_curve(ng)
+        ng_curve, ng_timing = fit_accept_curve(ng), DraftFree(timing, ng)
         # old: every round drafts gamma (fitted on the rounds that drafted); new: each round what it proposed
-        old = predict_policy(ng[ng["drafted"] > 0], ng_curve, timing, "fixed", 0.0, g, proposed=False)
-        new = predict_policy(ng, ng_curve, timing, "fixed", 0.0, g)
+        old = predict_policy(ng[ng["drafted"] > 0], ng_curve, ng_timing, "fixed", 0.0, g, proposed=False)
+        new = predict_policy(ng, ng_curve, ng_timing, "fixed", 0.0, g)
         meas = measured_policy(ng)
         for name, p in (("without term", old), ("with term", new)):
             speed = meas["accept_length"] * timing.c_t1() / meas["t_round"]
             ng_rows.append({"gamma": g, "model": name, "no_draft_share": share,
                             "pred_accept_length": p["accept_length"], "meas_accept_length": meas["accept_length"],
+                            "err_accept_length": p["accept_length"] / meas["accept_length"] - 1,
                             "pred_speedup": p["predicted_speedup"], "meas_speedup": speed,
                             "err_speedup": p["predicted_speedup"] / speed - 1})  # fmt: skip
     ngram = pd.DataFrame(ng_rows)
@@ -128,9 +148,10 @@ def main() -> None:
         "median_abs_err_held_out": {
             k: float(held_out[f"err_{k}"].abs().median()) for k in ("drafted", "accept_length", "t_round", "speedup")
         },
-        "ngram_median_abs_err_speedup": ngram.groupby("model")["err_speedup"]
-        .apply(lambda s: s.abs().median())
-        .to_dict(),
+        "ngram_median_abs_err": {
+            k: ngram.groupby("model")[f"err_{k}"].apply(lambda s: s.abs().median()).to_dict()
+            for k in ("accept_length", "speedup")
+        },
         "timing": {
             "ct1": timing.c_t1(),
             "cd": [timing.c_d(g) for g in range(g_max + 1)],
