@@ -164,3 +164,34 @@ def test_ngram_without_fill_proposes_nothing_without_a_match(sampling, target, p
     assert 0 in drafted and max(drafted) > 0
     for r in result.rounds:
         assert r.drafted <= r.gamma == 4 and (r.drafted > 0 or (r.accepted == 0 and r.extra == "bonus"))
+
+
+@pytest.mark.parametrize("name", ["confidence_stop", "schedule"])
+def test_fast_path_draft_on_the_targets_decode_kv_with_ragged_lengths(name, target, prompts):
+    """The static path, the draft taking the target's K/V of each round: with rows verifying different lengths
+    the draft still holds exactly the target's K/V of every committed token, and greedy equals the target's."""
+    from conftest import perturbed
+
+    from specbench.decoding.forward import ForwardPath
+
+    close = perturbed(target, 0.05, seed=3)
+    fast = ForwardPath("static", "default", 96)
+    target_lm, draft_lm = fast.lm(target), fast.lm(close)
+    draft = ModelDraft(close, lm=draft_lm, target_prompt_kv=True, target_decode_kv=True)
+
+    def same_kv(seqs, rows):
+        assert draft_lm.n_valid_host == target_lm.n_valid_host
+        for row in range(len(target_lm.slots)):
+            for layer in range(len(target_lm.cache.layers)):
+                assert torch.equal(torch.cat(draft_lm.row_kv(row, layer)), torch.cat(target_lm.row_kv(row, layer)))
+
+    # greedy's q is one-hot (q(x_i) = 1, nothing to stop on): confidence_stop runs at T = 1
+    sampling = T1 if name == "confidence_stop" else GREEDY
+    g = torch.Generator().manual_seed(0)
+    result = speculative_decode(
+        target_lm, draft, prompts, 4, sampling, 24, set(), g, on_round=same_kv, policy=POLICIES.get(name), tau=0.5
+    )
+    if sampling.greedy:
+        for row, prompt in enumerate(prompts):
+            assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
+    assert len({(r.round, r.drafted) for r in result.rounds}) > len({r.round for r in result.rounds})
