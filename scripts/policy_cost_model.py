@@ -105,11 +105,11 @@ def main() -> None:
     timing = TimingProfile.from_rounds(pd.concat([ar, *fixed.values()], ignore_index=True))
     curve = fit_accept_curve(fixed[g_max])
     grid = [round(0.05 * k, 2) for k in range(0, 20)]
-    choice = choose_tau(fixed[g_max], curve, timing, "confidence_stop", grid, g_max)
+    choice = choose_tau(fixed[g_max], curve, timing, "confidence_stop", grid, g_max, draft_stops=True)
     rows = []
     for tau in args.taus:
         held = run(target, model, prompts, g_max, t1, args.tokens, eos, 0, "confidence_stop", tau)
-        pred = predict_policy(fixed[g_max], curve, timing, "confidence_stop", tau, g_max)
+        pred = predict_policy(fixed[g_max], curve, timing, "confidence_stop", tau, g_max, draft_stops=True)
         meas = measured_policy(held)
         meas["speedup"] = meas["accept_length"] * timing.c_t1() / meas["t_round"]
         rows.append({"tau": tau, **{f"pred_{k}": pred[k] for k in ("drafted", "accept_length", "t_round")},

@@ -121,7 +121,8 @@ def test_cache_invariant_and_round_rows_with_ragged_lengths(name, tau, target, c
     for r in rows:
         assert 0 <= r.accepted <= r.drafted <= r.gamma <= 4 and r.stop in STOP_REASONS
         assert r.extra == ("bonus" if r.accepted == r.drafted else "recovered")
-        assert len(r.q_drafted) == len(r.q_max) == r.gamma
+        # the draft stops once every row's policy stopped: confidences of what it drafted (dropped ones included)
+        assert r.drafted <= len(r.q_drafted) == len(r.q_max) <= r.gamma
         assert all(0 < a <= m <= 1 for a, m in zip(r.q_drafted, r.q_max))
         if r.stop == "confidence":
             assert r.q_drafted[r.drafted - 1] < tau
@@ -195,3 +196,16 @@ def test_fast_path_draft_on_the_targets_decode_kv_with_ragged_lengths(name, targ
         for row, prompt in enumerate(prompts):
             assert result.tokens[row] == hf_greedy(target, prompt, 24), f"row {row}"
     assert len({(r.round, r.drafted) for r in result.rounds}) > len({r.round for r in result.rounds})
+
+
+def test_the_draft_stops_once_every_row_stopped(target, close_draft, prompts):
+    """tau = 1 at T = 1 stops every row after its first draft: the draft drafts one token a round, not gamma."""
+    draft = ModelDraft(close_draft)
+    widths, feed = [], draft.lm.feed
+    draft.lm.feed = lambda tokens: widths.append(tokens.shape[1]) or feed(tokens)
+    g = torch.Generator().manual_seed(0)
+    result = speculative_decode(
+        CachedLM(target), draft, prompts, 4, T1, 12, set(), g, policy=POLICIES.get("confidence_stop"), tau=1.0
+    )
+    assert all(r.drafted == len(r.q_drafted) == 1 and r.stop == "confidence" for r in result.rounds)
+    assert len(widths) == len({r.round for r in result.rounds})  # one feed per round: no draft step after the first

@@ -6,7 +6,9 @@ so the baseline differs from speculation only in how tokens are proposed.
 Host syncs: a speculative round makes exactly one (the accepted counts, extra
 tokens and drafts come back to the host in one `to_host` copy), an autoregressive
 step one (its sampled tokens); everything else the host needs it already has.
-Each round records the count it made (`RoundRecord.host_syncs`).
+Each round records the count it made (`RoundRecord.host_syncs`). A draft-length policy that reads
+the draws (`DraftPolicy.reads_confidence`) adds one per draft step (the draft stops once every row's
+policy stopped) and one for the rows' lengths, which decide the verify width.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from specbench.decoding.acceptance import GREEDY_FORMS, Acceptance, rejection_sample
 from specbench.decoding.drafts import Draft
 from specbench.decoding.kvcache import CachedLM
-from specbench.decoding.lengths import confidence, draft_lengths, verify_q
+from specbench.decoding.lengths import confidence, done_rule, draft_lengths, verify_q
 from specbench.decoding.policies import FIXED, STOP_REASONS, DraftPolicy, next_gamma
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
 from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits
@@ -235,6 +237,7 @@ def speculative_decode(
     batch.drop_finished(target, draft)
     greedy_form = GREEDY_FORMS.get(rule) if sampling.greedy else None
     with_q = greedy_form is None or policy.reads_confidence  # q [B, G, V] only where something reads it
+    done = done_rule(policy, tau) if with_q else None  # lets the draft stop once every row's policy stopped
     gamma_of = dict.fromkeys(batch.active, gamma)  # row -> its gamma next round (a schedule changes it)
     pending: list[tuple] = []
     n_round = 0
@@ -244,11 +247,13 @@ def speculative_decode(
         gammas = [gamma_of[r] for r in batch.active]
         m0, syncs0 = timer.mark(), host_syncs()
         token_context = batch.context(sampling, target.device, context_class)  # None when no processor reads it
-        drafts, q = draft.propose(seqs, max(gammas), sampling, generator, token_context, with_q=with_q)  # [B, G]
+        # [B, G]: G = the longest row's gamma, or fewer when the policy stopped every row earlier
+        drafts, q = draft.propose(seqs, max(gammas), sampling, generator, token_context, with_q=with_q, done=done)
         drafts = drafts.to(target.device)
         q_x, q_max = confidence(drafts, q.to(target.device)) if with_q else (None, None)  # [B, G]
         # what the draft really proposed per row (n-gram lookup without a match, unfilled: nothing)
-        offered = gammas if draft.proposed is None else [min(g, n) for g, n in zip(gammas, draft.proposed)]
+        proposed = gammas if draft.proposed is None else draft.proposed
+        offered = [min(g, n, drafts.shape[1]) for g, n in zip(gammas, proposed)]
         lengths, stops = draft_lengths(policy, q_x, tau, to_device(offered, target.device))  # [B]
         # A policy reading the drawn drafts decides lengths on the device: the host learns them here (a second sync).
         drafted = to_host(lengths)[0] if policy.reads_confidence else offered

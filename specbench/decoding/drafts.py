@@ -7,6 +7,7 @@ W8A16 copy of the target) keeps a KV cache; n-gram lookup keeps none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -15,7 +16,7 @@ from transformers import PreTrainedModel
 from specbench.decoding.kvcache import CachedLM, feed_suffix
 from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits, sample
 from specbench.decoding.static_kv import StaticLM
-from specbench.decoding.timing import to_device
+from specbench.decoding.timing import count_host_sync, to_device
 
 
 class Draft(Protocol):
@@ -38,8 +39,11 @@ class Draft(Protocol):
         generator: torch.Generator | None,
         context: TokenContext | None = None,
         with_q: bool = True,
+        done: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32.
+        """Committed tokens per active row -> drafts [B, G] long and q [B, G, V] float32, G = gamma, or fewer
+        when `done(token, q)` ([B] bool: the row drafts no more after this draft; a draft-length policy) held
+        for every row (a draft may ignore it and draft gamma: the decoder cuts by the same rule).
 
         `context` is the processors' context of the committed tokens (None when no processor
         reads it); draft i must process its logits with `context` plus drafts 1..i-1.
@@ -102,11 +106,12 @@ class ModelDraft:
         else:
             self.lm.prefill(committed)
 
-    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
+    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True, done=None):
         if self.follows is not None:
             self._starts = self.lm.n_valid_host
         logits = feed_suffix(self.lm, seqs)[:, -1]
         drafts, qs = [], []
+        finished = None  # [B] bool: rows whose policy stopped drafting (`done`)
         for i in range(gamma):
             if with_q:
                 q = process_logits(logits, sampling, context)  # [B, V]
@@ -115,10 +120,16 @@ class ModelDraft:
             else:  # the same token, without a [B, V] distribution per step
                 token = next_tokens(logits, sampling, context, generator)  # [B]
             drafts.append(token)
+            if done is not None and with_q:
+                stop = done(token, qs[-1])  # [B]
+                finished = stop if finished is None else finished | stop
+                count_host_sync()
+                if bool(finished.all()):  # a host sync per draft step: only with a policy that reads the draws
+                    break
             if i + 1 < gamma:  # the last draft is fed next round, only if accepted
                 logits = self.lm.feed(token[:, None])[:, -1]
                 context = None if context is None else context.append(token)
-        self._gamma = gamma
+        self._gamma = len(drafts)
         return torch.stack(drafts, 1), torch.stack(qs, 1) if with_q else None
 
     def reported_q(self, q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -194,7 +205,7 @@ class NgramDraft:
                     return follow + [follow[-1]] * (gamma - len(follow)), len(follow)
         return [seq[-1]] * gamma, 0  # no match: a cheap guess, still verified losslessly
 
-    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
+    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True, done=None):
         matches = [self.match(s, gamma) for s in seqs]
         self.proposed = None if self.fill else [n for _, n in matches]
         drafts = to_device([tokens for tokens, _ in matches], self.device)  # async on CUDA: no sync

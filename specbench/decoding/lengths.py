@@ -29,7 +29,7 @@ def draft_lengths(
         if rule is None:
             continue
         at = torch.where(rule(q_x, tau), cut.expand_as(big), big).amin(-1)  # [B] first cut, G + 1 if none
-        reason = torch.where(at < length, torch.full_like(reason, code), reason)
+        reason = torch.where(at <= length, torch.full_like(reason, code), reason)  # the rule cut here (too)
         length = torch.minimum(length, at)
     return length, reason
 
@@ -42,3 +42,20 @@ def verify_q(policy: DraftPolicy, q: torch.Tensor, tau: float) -> torch.Tensor:
     kept = torch.where(q >= tau, q, torch.zeros_like(q))
     z = kept.sum(-1, keepdim=True)
     return torch.where(z > 0, kept / z.clamp_min(torch.finfo(q.dtype).tiny), q)
+
+
+def done_rule(policy: DraftPolicy, tau: float):
+    """`Draft.propose`'s `done(token [B], q [B, V]) -> [B] bool` for a policy that cuts on the draws (a row
+    drafts no more after a draft its `stop_after` or `drop` holds for); None for one that does not."""
+    rules = [rule for rule in (policy.stop_after, policy.drop) if rule is not None]
+    if not rules:
+        return None
+
+    def done(token: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        q_x = q.gather(-1, token[:, None]).squeeze(-1)  # [B]
+        out = rules[0](q_x, tau)
+        for rule in rules[1:]:
+            out = out | rule(q_x, tau)
+        return out
+
+    return done

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from specbench.registry import Registry
 
 # Why a row's round drafted what it drafted (the `stop` column of the round rows).
-STOP_GAMMA = "gamma"  # drafted all it could: its gamma for the round, or what the draft proposed (n-gram)
-STOP_CONFIDENCE = "confidence"  # `stop_after` held at its last kept draft
+STOP_GAMMA = "gamma"  # no rule cut it: its gamma for the round, or what the draft proposed (n-gram)
+STOP_CONFIDENCE = "confidence"  # `stop_after` held at its last kept draft (at its gamma's last one too)
 STOP_PRUNED = "pruned"  # `drop` held at the draft after its last kept one
 STOP_REASONS = (STOP_GAMMA, STOP_CONFIDENCE, STOP_PRUNED)
 
