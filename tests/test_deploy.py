@@ -237,3 +237,24 @@ def test_cli_writes_schedule_and_engine_files(tmp_path, capsys):
 def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert cli.main([str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.startswith("python -m specbench.deploy: error: sweep directory")
+
+
+def test_draft_length_policy_goes_to_the_engines_that_have_a_knob_for_it():
+    s = _on_schedule(**CTX)
+    stop = DeployContext(**CTX, policy="confidence_stop", tau=0.4)
+    hf = json.loads(ENGINES.get("transformers").render(s, stop))
+    assert hf["assistant_confidence_threshold"] == 0.4 and hf["num_assistant_tokens_schedule"] == "constant"
+    llama = ENGINES.get("llama_cpp").render(s, stop)
+    assert _flag(_commands(llama)[0], "--spec-draft-p-min") == "0.4" and "top probability" in llama
+    for engine in ("vllm", "sglang"):
+        text = ENGINES.get(engine).render(s, stop)
+        assert "has no knob for a draft-length policy" in text and "0.4" not in text.replace("tau=0.4", "")
+    sched = DeployContext(**CTX, policy="schedule")
+    assert json.loads(ENGINES.get("transformers").render(s, sched))["num_assistant_tokens_schedule"] == "heuristic"
+    assert _flag(_commands(ENGINES.get("llama_cpp").render(s, sched))[0], "--spec-draft-p-min") == "0.0"
+    prune = json.loads(
+        ENGINES.get("transformers").render(s, DeployContext(**CTX, policy="prune_renormalized", tau=0.3))
+    )
+    assert prune["assistant_confidence_threshold"] == 0.0 and "no such knob" in " ".join(prune["specbench_note"])
+    fixed = ENGINES.get("vllm").render(s, DeployContext(**CTX))
+    assert "draft-length policy" not in fixed

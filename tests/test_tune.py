@@ -347,3 +347,20 @@ def test_a_new_objective_needs_one_registration():
         assert objective_value(rows.assign(job="t"), "toy_min_speedup", {}) == pytest.approx(1.2)
     finally:
         OBJECTIVES.unregister("toy_min_speedup")
+
+
+def test_study_searches_draft_length_policies(tmp_path):
+    """tune.policies: each trial draws a policy (and tau, for one that reads it); its rows record the decisions."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    base = TINY + [f"runs_dir={tmp_path}", f"tune.storage={url}", "tune.sampler=random", "sampling=t1"]
+    run_tune(compose_config(base + ["tune.n_trials=4", "tune.policies=[confidence_stop,schedule]"]), tmp_path / "r")
+    (study,) = [optuna.load_study(study_name=n, storage=url) for n in optuna.get_all_study_names(url)]
+    drawn = [t for t in study.trials if t.user_attrs.get("source") != "cost_model"]
+    assert drawn and all(t.params["policy"] in ("confidence_stop", "schedule") for t in drawn)
+    assert all(("tau" in t.params) == (t.params["policy"] == "confidence_stop") for t in drawn)
+    study_dir = next((tmp_path / "r" / "trials").iterdir())
+    rounds = pd.concat(pd.read_parquet(p) for p in study_dir.glob("trial-*/rounds.parquet"))
+    spec = rounds[rounds.decoder == "speculative"]
+    assert (spec["drafted"] <= spec["gamma"]).all() and set(spec["stop"]) <= {"gamma", "confidence"}
+    with pytest.raises(ValueError, match="tune.policies: 'prune_naive' is not lossless"):
+        TuneConfig(policies=["prune_naive"])

@@ -17,13 +17,32 @@ from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.policies import POLICIES
 from specbench.decoding.sampling import SamplingConfig, TokenContext
 
 # speculative:<path>: specbench's decoder on the fast path (`specbench.decoding.forward`; compiled: inductor default)
 DECODER_NAMES = ("speculative", "speculative:static", "speculative:compiled", "autoregressive", "hf_assisted")
 # llama.cpp's, run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding)
 LLAMA_CPP_AUDIT_DECODERS = ("llama_cpp", "llama_cpp:probabilistic", "llama_cpp_autoregressive")
-DECODER_CHOICES = " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS) + " | broken:<variant>"
+DECODER_CHOICES = (
+    " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS)
+    + " | broken:<variant> | policy:<draft policy>[@tau] | hf_assisted@<assistant_confidence_threshold>"
+)
+POLICY_TAU = 0.3  # policy:<name> without @tau
+
+
+def policy_spec(name: str) -> tuple[str, float]:
+    """'policy:prune_naive@0.3' -> ('prune_naive', 0.3): the speculative decoder under a draft-length policy
+    (any of `POLICIES`, the audit-only broken one included), with its threshold tau."""
+    policy, _, tau = name.removeprefix("policy:").partition("@")
+    POLICIES.get(policy, "audit.decoder policy")
+    try:
+        value = float(tau) if tau else POLICY_TAU
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"audit.decoder={name!r}: tau {tau!r} must be a probability in [0, 1]")
+    return policy, value
 
 
 class SharedPrefillLM(CachedLM):
@@ -84,9 +103,12 @@ def speculative_decoder(
     variant: str | None = None,
     batched_prefill: bool = True,
     forward: str = "eager",
+    policy: str = "fixed",
+    tau: float = 0.0,
 ) -> DecoderUnderTest:
     """specbench's `speculative_decode` with a model draft, or one of its broken variants; `forward`
-    is the forward path (eager: the reference cache; static / compiled: the fast path)."""
+    is the forward path (eager: the reference cache; static / compiled: the fast path); `policy` and `tau`
+    its draft-length policy (`specbench.decoding.policies`)."""
     v = get_variant(variant) if variant else None
 
     def run(prompts, tokens, generator):
@@ -107,10 +129,14 @@ def speculative_decoder(
             generator,
             rule=v.rule if v else rejection_sample,
             context_class=v.context_class if v else TokenContext,
+            policy=POLICIES.get(policy),
+            tau=tau,
         )
         return result.tokens
 
     name = f"broken:{variant}" if variant else "speculative" if forward == "eager" else f"speculative:{forward}"
+    if policy != "fixed":
+        name = f"policy:{policy}" + (f"@{tau:g}" if POLICIES.get(policy).reads_confidence else "")
     return DecoderUnderTest(name, _batched(run, batch_size), gamma, first_speculative_token=2)
 
 
@@ -138,8 +164,10 @@ def hf_assisted_decoder(
     gamma: int,
     sampling: SamplingConfig,
     eos_token_ids: set[int] = frozenset(),
+    confidence_threshold: float = 0.0,
 ) -> DecoderUnderTest:
-    """transformers' assisted generation, one continuation per `generate` call (batch size 1)."""
+    """transformers' assisted generation, one continuation per `generate` call (batch size 1);
+    `confidence_threshold`: its own draft-length policy (`assistant_confidence_threshold`)."""
     from specbench.decoding.hf_assisted import hf_assisted_decode
     from specbench.decoding.timing import PhaseTimer
 
@@ -158,17 +186,23 @@ def hf_assisted_decoder(
                 set(eos_token_ids),
                 derive_seed(seed, i),
                 timer,
+                confidence_threshold,
             )
             rows.append(result.tokens[0])
         return pad_rows(rows, tokens)
 
-    return DecoderUnderTest("hf_assisted", sample, gamma, first_speculative_token=1)
+    name = f"hf_assisted@{confidence_threshold:g}" if confidence_threshold else "hf_assisted"
+    return DecoderUnderTest(name, sample, gamma, first_speculative_token=1)
 
 
 def check_decoder_name(name: str) -> None:
     """A ValueError naming the choices unless `name` is a decoder the audit can build."""
     if name.startswith("broken:"):
         get_variant(name.removeprefix("broken:"))
+    elif name.startswith("policy:"):
+        policy_spec(name)
+    elif name.startswith("hf_assisted@"):
+        policy_spec("policy:confidence_stop@" + name.partition("@")[2])
     elif name not in DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS:
         raise ValueError(f"audit.decoder={name!r}: must be {DECODER_CHOICES}")
 
@@ -183,8 +217,11 @@ def make_decoder(
         return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, forward=forward)
     if name == "autoregressive":
         return autoregressive_decoder(target, sampling, eos, settings.batch_size)
-    if name == "hf_assisted":
-        return hf_assisted_decoder(target, draft, gamma, sampling, eos)
+    if name.startswith("hf_assisted"):  # hf_assisted@tau: with its assistant_confidence_threshold
+        return hf_assisted_decoder(target, draft, gamma, sampling, eos, float(name.partition("@")[2] or 0.0))
+    if name.startswith("policy:"):
+        policy, tau = policy_spec(name)
+        return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, policy=policy, tau=tau)
     return speculative_decoder(
         target, draft, gamma, sampling, eos, settings.batch_size, variant=name.removeprefix("broken:")
     )

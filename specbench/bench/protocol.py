@@ -25,6 +25,7 @@ from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
 from specbench.decoding.decoder import DecodeResult, autoregressive_decode, speculative_decode
 from specbench.decoding.forward import target_ks
+from specbench.decoding.policies import POLICIES
 from specbench.decoding.records import (
     AUTOREGRESSIVE,
     BASELINE_OF,
@@ -159,7 +160,17 @@ def decode_batch(
             pair.target, pair.draft_model, ids, cfg.gamma, sampling, max_new_tokens, pair.eos, seed, timer
         )
     return speculative_decode(
-        pair.target_lm(), pair.new_draft(), ids, cfg.gamma, sampling, max_new_tokens, pair.eos, generator, timer
+        pair.target_lm(),
+        pair.new_draft(),
+        ids,
+        cfg.gamma,
+        sampling,
+        max_new_tokens,
+        pair.eos,
+        generator,
+        timer,
+        policy=POLICIES.get(cfg.draft.policy, "draft.policy"),
+        tau=cfg.draft.tau,
     )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from specbench.config.checks import at_least, choice
+from specbench.decoding.policies import POLICIES
 from specbench.models.draft_kinds import AUTO, DRAFT_KINDS
 
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
@@ -69,8 +70,23 @@ class DraftConfig:
     # wrote each round: every committed token's K/V is the target's, and no catch-up forward follows an
     # all-accepted round.
     target_decode_kv: bool = True
+    # How many of up to `gamma` tokens a round drafts (specbench.decoding.policies) and its threshold on the
+    # draft's probability q(x_i) (confidence_stop, prune_renormalized; ignored by fixed and schedule).
+    policy: str = "fixed"
+    tau: float = 0.0
+    # n-gram lookup without a match (or past its end): draft the last token again (True), or propose nothing,
+    # so the round is a plain target step (False)
+    ngram_fill: bool = True
 
     def __post_init__(self) -> None:
+        lossless = tuple(name for name in POLICIES if POLICIES.get(name).lossless)
+        if POLICIES.get(self.policy, "draft.policy") and self.policy not in lossless:
+            raise ValueError(
+                f"draft.policy={self.policy!r}: not lossless, for the audit only "
+                f"(python -m specbench.audit --decoder policy:{self.policy}); must be one of {list(lossless)}"
+            )
+        if not 0.0 <= self.tau <= 1.0:
+            raise ValueError(f"draft.tau={self.tau!r}: must be a probability in [0, 1]")
         at_least("draft.min_ngram", self.min_ngram, 1)
         at_least("draft.max_ngram", self.max_ngram, self.min_ngram)
         at_least("draft.vocab_top", self.vocab_top, 0)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from specbench.config.checks import at_least
+from specbench.decoding.policies import POLICIES
 from specbench.decoding.records import HF_ASSISTED
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.tune.objectives import OBJECTIVES
@@ -27,6 +28,9 @@ class TuneConfig:
     objective: str = "throughput"  # a name in specbench.tune.objectives.OBJECTIVES
     gamma_max: int = 8  # γ is searched in [1, gamma_max]
     drafts: Optional[list[str]] = None  # draft kinds searched; None: the job's draft.kind
+    # draft-length policies searched (specbench.decoding.policies; γ is then γ_max, a round's most); a policy
+    # with a threshold also searches tau in [0.05, 0.95] by 0.05. None: the job's draft.policy and draft.tau.
+    policies: Optional[list[str]] = None
     n_trials: int = 8  # finished (complete + pruned) trials per study, earlier runs included
     sampler: str = "local"  # a name in specbench.tune.samplers.SAMPLERS
     stop_when_converged: bool = True  # local: stop when every neighbour of the best was measured
@@ -52,6 +56,9 @@ class TuneConfig:
         for name in ("gamma_max", "n_trials", "profile_gamma", "profile_batches"):
             at_least(f"tune.{name}", getattr(self, name), 1)
         at_least("tune.prune_after", self.prune_after, 2)
+        for name in self.policies or []:
+            if not POLICIES.get(name, "tune.policies").lossless:
+                raise ValueError(f"tune.policies: {name!r} is not lossless (audit only)")
         for name in ("max_prompts", "profile_max_new_tokens"):
             at_least(f"tune.{name}", getattr(self, name), 1, nullable=True)
         if self.drafts is not None:

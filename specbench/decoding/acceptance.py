@@ -48,28 +48,44 @@ def rejection_sample(
     p: torch.Tensor,  # [B, gamma + 1, V] processed target distribution (last = bonus position)
     generator: torch.Generator | None = None,
     uniforms: torch.Tensor | None = None,  # [B, gamma] in [0, 1); drawn from generator if None
+    lengths: torch.Tensor | None = None,  # [B] long, drafts row b verifies (a draft-length policy); None: gamma
 ) -> Acceptance:
     """Accept draft i with probability min(1, p/q) until the first rejection; then sample
-    the recovered token from (p - q)+ there, or the bonus token from p[gamma] if none failed."""
+    the recovered token from (p - q)+ there, or the bonus token from p[gamma] if none failed.
+    With `lengths`, row b's drafts past lengths[b] are not candidates: its bonus is p[lengths[b]]."""
     batch, gamma = draft_tokens.shape
     if uniforms is None:
         uniforms = torch.rand(batch, gamma, device=p.device, dtype=p.dtype, generator=generator)
     p_x = p[:, :gamma].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, gamma]
     q_x = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, gamma]
     passed = uniforms < acceptance_probability(p_x, q_x)  # [B, gamma]
+    if lengths is not None:
+        live = _live(lengths, gamma)  # [B, gamma]
+        passed, q = passed & live, q * live.unsqueeze(-1)  # a zero q row past the length: the residual is p
     accepted = passed.long().cumprod(-1).sum(-1)  # [B] leading passes only
 
     # A zero q row at position gamma turns the residual there into p[gamma], so the
     # recovered and the bonus token come from one gather and one draw.
-    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # [B, gamma + 1, V]
+    q_padded = torch.cat([q, q.new_zeros(batch, 1, q.shape[-1])], dim=1)  # [B, gamma + 1, V] (gamma may be 0)
     index = accepted.view(batch, 1, 1).expand(batch, 1, p.shape[-1])
     p_at = p.gather(1, index).squeeze(1)  # [B, V]
     q_at = q_padded.gather(1, index).squeeze(1)  # [B, V]
     extra = sample(residual(p_at, q_at), generator)  # [B] (no host sync on CUDA, see `sample`)
-    return Acceptance(accepted=accepted, extra_token=extra, is_bonus=accepted == gamma)
+    return Acceptance(accepted=accepted, extra_token=extra, is_bonus=accepted == _ends(lengths, gamma))
 
 
-def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Acceptance:
+def _live(lengths: torch.Tensor, gamma: int) -> torch.Tensor:
+    """[B] lengths -> [B, gamma] bool: which drafted positions each row verifies."""
+    return torch.arange(gamma, device=lengths.device)[None] < lengths[:, None]
+
+
+def _ends(lengths: torch.Tensor | None, gamma: int) -> torch.Tensor | int:
+    return gamma if lengths is None else lengths
+
+
+def greedy_accept(
+    draft_tokens: torch.Tensor, target_tokens: torch.Tensor, lengths: torch.Tensor | None = None
+) -> Acceptance:
     """`rejection_sample`'s outcome when p is one-hot at target_tokens [B, gamma + 1] (greedy), for any q.
 
     p(x) is 1 or 0, so min(1, p/q) passes every uniform or none: accept while the draft is the target's
@@ -78,9 +94,12 @@ def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Ac
     was most of a greedy round's C_o on CPU (analysis/fast_path_greedy_co_cpu_amx/).
     """
     gamma = draft_tokens.shape[1]
-    accepted = (draft_tokens == target_tokens[:, :gamma]).long().cumprod(-1).sum(-1)  # [B]
+    same = draft_tokens == target_tokens[:, :gamma]  # [B, gamma]
+    if lengths is not None:
+        same = same & _live(lengths, gamma)
+    accepted = same.long().cumprod(-1).sum(-1)  # [B]
     extra = target_tokens.gather(1, accepted[:, None]).squeeze(1)  # [B]
-    return Acceptance(accepted=accepted, extra_token=extra, is_bonus=accepted == gamma)
+    return Acceptance(accepted=accepted, extra_token=extra, is_bonus=accepted == _ends(lengths, gamma))
 
 
 # A rule -> its form under greedy, given the target's argmax tokens; a rule not listed (the audit's

@@ -6,7 +6,9 @@ so the baseline differs from speculation only in how tokens are proposed.
 Host syncs: a speculative round makes exactly one (the accepted counts, extra
 tokens and drafts come back to the host in one `to_host` copy), an autoregressive
 step one (its sampled tokens); everything else the host needs it already has.
-Each round records the count it made (`RoundRecord.host_syncs`).
+Each round records the count it made (`RoundRecord.host_syncs`). A draft-length policy that reads
+the draws (`DraftPolicy.reads_confidence`) adds one per draft step (the draft stops once every row's
+policy stopped) and one for the rows' lengths, which decide the verify width.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specbench.decoding.acceptance import GREEDY_FORMS, Acceptance, rejection_sample
 from specbench.decoding.drafts import Draft
 from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.lengths import confidence, done_rule, draft_lengths, verify_q
+from specbench.decoding.policies import FIXED, STOP_REASONS, DraftPolicy, next_gamma
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
 from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits
 from specbench.decoding.timing import PhaseTimer, host_syncs, to_device, to_host
@@ -144,13 +149,14 @@ def _requests(batch: _Batch, seconds: list[float], start: int, first_mark: int) 
     ]
 
 
-def _round_records(pending: list[tuple], seconds: list[float], gamma: int) -> list[RoundRecord]:
-    """One RoundRecord per (round, row) from the marks a decode loop kept (gamma 0 = baseline)."""
+def _round_records(pending: list[tuple], seconds: list[float]) -> list[RoundRecord]:
+    """One RoundRecord per (round, row) from the marks a decode loop kept (baseline: `decision` None)."""
     rounds = []
-    for n, rows, accepted, committed, context, (m0, m1, m2, m3), syncs in pending:
+    for n, rows, accepted, committed, context, (m0, m1, m2, m3), syncs, decision in pending:
         t_draft, t_verify, t_round = seconds[m1] - seconds[m0], seconds[m2] - seconds[m1], seconds[m3] - seconds[m0]
         for i, row in enumerate(rows):
-            extra = AUTOREGRESSIVE_STEP if gamma == 0 else BONUS if accepted[i] == gamma else RECOVERED
+            gamma, drafted, stop, q_x, q_max = (0, 0, "", [], []) if decision is None else decision.row(i)
+            extra = AUTOREGRESSIVE_STEP if decision is None else BONUS if accepted[i] == drafted else RECOVERED
             rounds.append(
                 RoundRecord(
                     round=n,
@@ -166,9 +172,38 @@ def _round_records(pending: list[tuple], seconds: list[float], gamma: int) -> li
                     t_overhead=t_round - t_draft - t_verify,
                     t_round=t_round,
                     host_syncs=syncs,
+                    drafted=drafted,
+                    stop=stop,
+                    q_drafted=q_x,
+                    q_max=q_max,
                 )
             )
     return rounds
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """float [B, G] -> its float32 bit patterns as int32, so `to_host`'s one integer copy carries it exactly."""
+    return x.float().view(torch.int32)
+
+
+def _floats(bits: list[list[int]]) -> list[list[float]]:
+    """`_bits` back on the host: [B][G] int32 bit patterns -> [B][G] floats."""
+    return np.asarray(bits, dtype=np.int64).astype(np.int32).view(np.float32).astype(float).tolist()
+
+
+@dataclass
+class _Decision:
+    """A round's draft-length decision per active row, on the host (for its round rows)."""
+
+    gammas: list[int]  # each row's gamma this round
+    drafted: list[int]  # drafts each row verified
+    stops: list[int]  # index into STOP_REASONS
+    q_x: list[list[float]]  # [B][gamma of the round] q(x_i); [] rows when q was not built
+    q_max: list[list[float]]
+
+    def row(self, i: int) -> tuple:
+        conf = (self.q_x[i][: self.gammas[i]], self.q_max[i][: self.gammas[i]]) if self.q_x else ([], [])
+        return self.gammas[i], self.drafted[i], STOP_REASONS[self.stops[i]], *conf
 
 
 def speculative_decode(
@@ -184,13 +219,16 @@ def speculative_decode(
     on_round: Callable[[list[list[int]], list[int]], None] | None = None,
     rule: Callable[..., Acceptance] = rejection_sample,
     context_class: type[TokenContext] = TokenContext,
+    policy: DraftPolicy = FIXED,
+    tau: float = 0.0,
 ) -> DecodeResult:
     """Draft gamma -> one target forward over gamma + 1 -> commit accepted + recovered/bonus.
 
     `on_round(seqs, rows)` sees the committed tokens after every round (cache checks in
     tests); `rule` swaps the acceptance rule (under greedy its `GREEDY_FORMS` entry runs, where it has
     one) and `context_class` how the processors' per-position contexts are built (the audit's
-    deliberately broken variants).
+    deliberately broken variants). `policy` (with its threshold `tau`) decides how many of up to `gamma`
+    drafts each row verifies (`specbench.decoding.policies`); rows of one round may verify different counts.
     """
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma={gamma!r}: must be an integer >= 1")
@@ -198,41 +236,62 @@ def speculative_decode(
     batch, start, first_mark = _start(target, prompts, max_new_tokens, eos_token_ids, sampling, generator, timer, draft)
     batch.drop_finished(target, draft)
     greedy_form = GREEDY_FORMS.get(rule) if sampling.greedy else None
+    with_q = greedy_form is None or policy.reads_confidence  # q [B, G, V] only where something reads it
+    done = done_rule(policy, tau) if with_q else None  # lets the draft stop once every row's policy stopped
+    gamma_of = dict.fromkeys(batch.active, gamma)  # row -> its gamma next round (a schedule changes it)
     pending: list[tuple] = []
     n_round = 0
     while batch.active:
         seqs = [batch.seqs[r] for r in batch.active]
         context = [len(s) for s in seqs]
+        gammas = [gamma_of[r] for r in batch.active]
         m0, syncs0 = timer.mark(), host_syncs()
         token_context = batch.context(sampling, target.device, context_class)  # None when no processor reads it
-        # [B, gamma], and q [B, gamma, V] only where the rule reads it (not its greedy form)
-        drafts, q = draft.propose(seqs, gamma, sampling, generator, token_context, with_q=greedy_form is None)
+        # [B, G]: G = the longest row's gamma, or fewer when the policy stopped every row earlier
+        drafts, q = draft.propose(seqs, max(gammas), sampling, generator, token_context, with_q=with_q, done=done)
+        drafts = drafts.to(target.device)
+        q_x, q_max = confidence(drafts, q.to(target.device)) if with_q else (None, None)  # [B, G]
+        # what the draft really proposed per row (n-gram lookup without a match, unfilled: nothing)
+        proposed = gammas if draft.proposed is None else draft.proposed
+        offered = [min(g, n, drafts.shape[1]) for g, n in zip(gammas, proposed)]
+        lengths, stops = draft_lengths(policy, q_x, tau, to_device(offered, target.device))  # [B]
+        # A policy reading the drawn drafts decides lengths on the device: the host learns them here (a second sync).
+        drafted = to_host(lengths)[0] if policy.reads_confidence else offered
+        width = max(drafted)  # verify up to the longest row; shorter rows' acceptance is masked by `lengths`
         m1 = timer.mark()
         last = to_device([[s[-1]] for s in seqs], target.device)
-        logits = target.feed(torch.cat([last, drafts.to(target.device)], 1))  # [B, gamma + 1, V]
+        logits = target.feed(torch.cat([last, drafts[:, :width]], 1))  # [B, width + 1, V]
         m2 = timer.mark()
         # Position j of the verify step sees the committed tokens plus drafts[:, :j].
-        verify_context = None if token_context is None else token_context.expand(drafts.to(logits.device))
-        if greedy_form is not None:  # p is one-hot: its argmax decides, q and p [B, gamma + 1, V] are not built
-            result = greedy_form(drafts.to(logits.device), next_tokens(logits, sampling, verify_context))
+        verify_context = None if token_context is None else token_context.expand(drafts[:, :width])
+        ragged = {} if min(drafted) == width else {"lengths": lengths}
+        if greedy_form is not None:  # p is one-hot: its argmax decides, q and p [B, G + 1, V] are not built
+            result = greedy_form(drafts[:, :width], next_tokens(logits, sampling, verify_context), **ragged)
         else:
             p = process_logits(logits, sampling, verify_context)
-            result = rule(drafts.to(p.device), q.to(p.device), p, generator)
-        # The one host sync a round needs: accepted counts, extra tokens and drafts in one copy.
-        accepted, extra, drafted = to_host(result.accepted, result.extra_token, drafts.to(logits.device))
-        target.keep_last_fed(gamma + 1, result.accepted + 1, [a + 1 for a in accepted])
+            q_rule = verify_q(policy, q[:, :width].to(p.device), tau)
+            result = rule(drafts[:, :width], q_rule, p, generator, **ragged)
+        # The round's host sync: accepted counts, extra tokens, drafts (and the draft's confidence) in one copy.
+        accepted, extra, drafted_tokens, *conf = to_host(
+            result.accepted, result.extra_token, drafts, *((stops, _bits(q_x), _bits(q_max)) if with_q else ())
+        )
+        target.keep_last_fed(width + 1, result.accepted + 1, [a + 1 for a in accepted])
         draft.commit(result.accepted, accepted)  # target, draft and sampling share one device
         rows = list(batch.active)
-        committed = [batch.commit(row, drafted[i][: accepted[i]] + [extra[i]]) for i, row in enumerate(rows)]
+        committed = [batch.commit(row, drafted_tokens[i][: accepted[i]] + [extra[i]]) for i, row in enumerate(rows)]
+        for i, row in enumerate(rows):
+            gamma_of[row] = next_gamma(policy, gammas[i], gamma, accepted[i], drafted[i])
         if on_round is not None:
             on_round([batch.seqs[r] for r in rows], rows)
         batch.drop_finished(target, draft)
         m3 = timer.mark()
         batch.stamp(m3)
-        pending.append((n_round, rows, accepted, committed, context, (m0, m1, m2, m3), host_syncs() - syncs0))
+        stop_codes, q_conf = (conf[0], [_floats(c) for c in conf[1:]]) if conf else ([0] * len(rows), [[], []])
+        decision = _Decision(gammas, list(drafted), stop_codes, *q_conf)
+        pending.append((n_round, rows, accepted, committed, context, (m0, m1, m2, m3), host_syncs() - syncs0, decision))
         n_round += 1
     seconds = timer.resolve()
-    rounds = _round_records(pending, seconds, gamma)
+    rounds = _round_records(pending, seconds)
     new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]
     return DecodeResult(new, rounds, _requests(batch, seconds, start, first_mark))
 
@@ -268,10 +327,10 @@ def autoregressive_decode(
         batch.stamp(m2)
         # No draft phase: its end mark is the round's start, so t_draft is exactly 0.
         pending.append(
-            (n_round, rows, [0] * len(rows), [1] * len(rows), context, (m0, m0, m1, m2), host_syncs() - syncs0)
+            (n_round, rows, [0] * len(rows), [1] * len(rows), context, (m0, m0, m1, m2), host_syncs() - syncs0, None)
         )
         n_round += 1
     seconds = timer.resolve()
-    rounds = _round_records(pending, seconds, gamma=0)
+    rounds = _round_records(pending, seconds)
     new = [s[n:] for s, n in zip(batch.seqs, batch.prompt_lens)]
     return DecodeResult(new, rounds, _requests(batch, seconds, start, first_mark))

@@ -7,6 +7,7 @@ W8A16 copy of the target) keeps a KV cache; n-gram lookup keeps none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -15,11 +16,14 @@ from transformers import PreTrainedModel
 from specbench.decoding.kvcache import CachedLM, feed_suffix
 from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits, sample
 from specbench.decoding.static_kv import StaticLM
-from specbench.decoding.timing import to_device
+from specbench.decoding.timing import count_host_sync, to_device
 
 
 class Draft(Protocol):
     name: str
+    # After `propose`: how many of its drafts each row really proposes (the rest fills the rectangle and is
+    # not verified); None: all of them. n-gram lookup without a match proposes nothing (`fill=False`).
+    proposed: list[int] | None
 
     def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
         """Start a batch with these rows' committed tokens so far (prompt + the first new token).
@@ -35,8 +39,11 @@ class Draft(Protocol):
         generator: torch.Generator | None,
         context: TokenContext | None = None,
         with_q: bool = True,
+        done: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Committed tokens per active row -> drafts [B, gamma] long and q [B, gamma, V] float32.
+        """Committed tokens per active row -> drafts [B, G] long and q [B, G, V] float32, G = gamma, or fewer
+        when `done(token, q)` ([B] bool: the row drafts no more after this draft; a draft-length policy) held
+        for every row (a draft may ignore it and draft gamma: the decoder cuts by the same rule).
 
         `context` is the processors' context of the committed tokens (None when no processor
         reads it); draft i must process its logits with `context` plus drafts 1..i-1.
@@ -82,6 +89,7 @@ class ModelDraft:
         self.follows: StaticLM | None = None  # the target whose verify K/V this batch takes (target_decode_kv)
         self._starts: list[int] = []  # per active row, the column this round's first fed token went to
         self._gamma = 0
+        self.proposed = None
 
     def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
         # The newest committed token is left uncached: every round starts by feeding the
@@ -98,11 +106,12 @@ class ModelDraft:
         else:
             self.lm.prefill(committed)
 
-    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
+    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True, done=None):
         if self.follows is not None:
             self._starts = self.lm.n_valid_host
         logits = feed_suffix(self.lm, seqs)[:, -1]
         drafts, qs = [], []
+        finished = None  # [B] bool: rows whose policy stopped drafting (`done`)
         for i in range(gamma):
             if with_q:
                 q = process_logits(logits, sampling, context)  # [B, V]
@@ -111,10 +120,16 @@ class ModelDraft:
             else:  # the same token, without a [B, V] distribution per step
                 token = next_tokens(logits, sampling, context, generator)  # [B]
             drafts.append(token)
+            if done is not None and with_q:
+                stop = done(token, qs[-1])  # [B]
+                finished = stop if finished is None else finished | stop
+                count_host_sync()
+                if bool(finished.all()):  # a host sync per draft step: only with a policy that reads the draws
+                    break
             if i + 1 < gamma:  # the last draft is fed next round, only if accepted
                 logits = self.lm.feed(token[:, None])[:, -1]
                 context = None if context is None else context.append(token)
-        self._gamma = gamma
+        self._gamma = len(drafts)
         return torch.stack(drafts, 1), torch.stack(qs, 1) if with_q else None
 
     def reported_q(self, q: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -151,7 +166,16 @@ class NgramDraft:
     repeats (summaries, RAG, code edits) and the target is confident.
     """
 
-    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        vocab_size: int,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        device: str | torch.device = "cpu",
+        fill: bool = True,
+    ):
+        """`fill`: without a match (or past the match's end) draft the last token again, a cheap guess that is
+        verified like any draft; False: propose only the matched tokens (`proposed`), none without a match."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(
                 f"draft.min_ngram={min_ngram}, draft.max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram"
@@ -160,22 +184,30 @@ class NgramDraft:
         self.vocab_size = vocab_size
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.device = torch.device(device)
+        self.fill = fill
+        self.proposed: list[int] | None = None
 
     def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
         pass
 
     def lookup(self, seq: list[int], gamma: int) -> list[int]:
         """Tokens that followed the most recent earlier match of the longest suffix n-gram."""
+        return self.match(seq, gamma)[0]
+
+    def match(self, seq: list[int], gamma: int) -> tuple[list[int], int]:
+        """`lookup`'s gamma tokens and how many of them the match proposes (the rest: the last token again)."""
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             suffix = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):
                 if seq[start : start + n] == suffix:
                     follow = seq[start + n : start + n + gamma]
-                    return follow + [follow[-1]] * (gamma - len(follow))
-        return [seq[-1]] * gamma  # no match: a cheap guess, still verified losslessly
+                    return follow + [follow[-1]] * (gamma - len(follow)), len(follow)
+        return [seq[-1]] * gamma, 0  # no match: a cheap guess, still verified losslessly
 
-    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True):
-        drafts = to_device([self.lookup(s, gamma) for s in seqs], self.device)  # async on CUDA: no sync
+    def propose(self, seqs, gamma, sampling, generator, context=None, with_q=True, done=None):
+        matches = [self.match(s, gamma) for s in seqs]
+        self.proposed = None if self.fill else [n for _, n in matches]
+        drafts = to_device([tokens for tokens, _ in matches], self.device)  # async on CUDA: no sync
         if not with_q:
             return drafts, None
         q = torch.zeros(*drafts.shape, self.vocab_size, device=self.device).scatter_(-1, drafts[..., None], 1.0)

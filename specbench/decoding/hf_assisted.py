@@ -147,8 +147,10 @@ def hf_assisted_decode(
     eos_token_ids: set[int],
     generator_seed: int,
     timer: PhaseTimer,
+    confidence_threshold: float = 0.0,
 ) -> DecodeResult:
     """One prompt (batch size 1: transformers' assisted generation does not batch) with a fixed gamma.
+    `confidence_threshold`: the assistant's `assistant_confidence_threshold` (0: drafts gamma every round).
 
     Seeds the global RNG with `torch.manual_seed(generator_seed)` (generate draws from it).
     """
@@ -176,7 +178,7 @@ def hf_assisted_decode(
     assistant_settings = dict(
         num_assistant_tokens=gamma,
         num_assistant_tokens_schedule="constant",
-        assistant_confidence_threshold=0.0,
+        assistant_confidence_threshold=float(confidence_threshold),
         # The assistant's own generate() fills an EOS the main call leaves unset (None) from the
         # draft's generation_config, and would stop drafting there: give it the same EOS set.
         eos_token_id=kwargs["eos_token_id"],

@@ -18,7 +18,7 @@ tokens): `first_chunk_tokens` counts them, so the decode phase has
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import pandas as pd
 
@@ -54,7 +54,7 @@ class RoundRecord:
 
     round: int  # 0-based round index within the batch
     row: int  # index of the row in the request batch (stable across rounds)
-    gamma: int  # tokens drafted this round (0 for autoregressive steps)
+    gamma: int  # the round's gamma: the most it may draft (0 for autoregressive steps); `drafted` = what it did
     accepted: int
     extra: str  # RECOVERED | BONUS | AUTOREGRESSIVE_STEP
     committed: int
@@ -65,6 +65,14 @@ class RoundRecord:
     t_overhead: float  # C_o
     t_round: float
     host_syncs: int = -1  # explicit host syncs in this round (raw count; -1: producer does not count)
+    # The draft-length policy's decision (specbench.decoding.policies): drafts this row verified this round
+    # (<= gamma; -1: producer does not say) and why it stopped there (STOP_REASONS; "" for a baseline step).
+    drafted: int = -1
+    stop: str = ""
+    # The draft's confidence at every position it drafted this round (the dropped ones included, so a
+    # policy with another tau can be replayed offline): q(x_i) and max_v q_i(v); empty when q was not built.
+    q_drafted: list[float] = field(default_factory=list)
+    q_max: list[float] = field(default_factory=list)
 
 
 ROUND_COLUMNS = [f.name for f in fields(RoundRecord)]

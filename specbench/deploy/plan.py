@@ -61,6 +61,8 @@ def write_deployment(
     target: str | None = None,
     draft: str | None = None,
     max_batch_size: int | None = None,
+    policy: str = "fixed",
+    tau: float = 0.0,
 ) -> list[Path]:
     """Write schedule.{md,csv,json} and every engine's file (one subfolder per setting when there are
     several) into out_dir; returns the written paths, schedule files first."""
@@ -77,6 +79,8 @@ def write_deployment(
     as_json = json.dumps([s.to_dict() for s in schedules], indent=2, allow_nan=False)
     paths[2].write_text(as_json + "\n", encoding="utf-8")
     for s in schedules:
-        ctx = DeployContext.from_setting(s.setting, target, draft, max_batch_size=max_batch_size)
+        ctx = DeployContext.from_setting(
+            s.setting, target, draft, max_batch_size=max_batch_size, policy=policy, tau=tau
+        )
         paths += write_engine_files(s, ctx, out_dir if len(schedules) == 1 else out_dir / _slug(s.setting))
     return paths

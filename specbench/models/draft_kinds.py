@@ -167,7 +167,9 @@ def _ngram(pair: Pair) -> Draft:
     from specbench.decoding.drafts import NgramDraft
 
     d = pair.draft_cfg
-    return NgramDraft(pair.target.config.vocab_size, d.max_ngram, d.min_ngram, device=pair.target.device)
+    return NgramDraft(
+        pair.target.config.vocab_size, d.max_ngram, d.min_ngram, device=pair.target.device, fill=d.ngram_fill
+    )
 
 
 DRAFT_KINDS.register(

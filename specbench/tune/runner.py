@@ -21,6 +21,7 @@ from specbench.bench.job import check_workload, encode_workload
 from specbench.bench.protocol import EncodedPrompt, bench_ct, decoders, job_keys, measure_batch, warm_up
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
+from specbench.decoding.policies import POLICIES
 from specbench.models.pair import Pair, load_pair
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.paired import batch_speedups, compact, objective_value
@@ -71,12 +72,15 @@ class Runner:
         self.warm: set[str] = set()
         self.warmup_s = 0.0
 
-    def job_cfg(self, draft: str, gamma: int, batch_size: int, max_new_tokens: int | None = None) -> Config:
-        """The job config of one measurement: the run's config at this (draft, γ, batch size)."""
+    def job_cfg(
+        self, draft: str, gamma: int, batch_size: int, max_new_tokens: int | None = None, policy: dict | None = None
+    ) -> Config:
+        """The job config of one measurement: the run's config at this (draft, γ, batch size) and draft-length
+        `policy` ({"policy": name, "tau": tau}; None: the run's)."""
         c = self.cfg
         return dataclasses.replace(
             c,
-            draft=dataclasses.replace(c.draft, kind=draft),
+            draft=dataclasses.replace(c.draft, kind=draft, **(policy or {})),
             gamma=int(gamma),
             batch_size=int(batch_size),
             max_new_tokens=max_new_tokens or c.max_new_tokens,
@@ -109,9 +113,10 @@ class Runner:
         batch: list[EncodedPrompt],
         repeat: int,
         max_new_tokens: int | None = None,
+        policy: dict | None = None,
     ) -> None:
         """One protocol batch (AR and speculative, same seed, alternating order) into `m`."""
-        c = self.job_cfg(draft, gamma, spec.batch_size, max_new_tokens)
+        c = self.job_cfg(draft, gamma, spec.batch_size, max_new_tokens, policy)
         pair = self.pair(draft)
         rd, qd = measure_batch(
             c, pair, job_keys(c, pair), decoders(c, baseline=True), index, batch, repeat, m.telemetry
@@ -145,6 +150,15 @@ class Runner:
         runstore.mark_done(job_dir, {"study": spec.name, "kind": "ct"})
 
 
+def suggest_policy(trial, policies: list[str] | None) -> dict | None:
+    """The trial's draft-length policy and tau (None: the run's own): tau only for a policy that reads it."""
+    if not policies:
+        return None
+    name = trial.suggest_categorical("policy", list(policies))
+    reads = POLICIES.get(name, "tune.policies").reads_confidence
+    return {"policy": name, "tau": trial.suggest_float("tau", 0.05, 0.95, step=0.05) if reads else 0.0}
+
+
 def run_trial(cfg: Config, spec: StudySpec, study, trial, runner: Runner, m: Measurement) -> float:
     """Measure one trial batch by batch into `m`; report per-batch paired speedups; raise
     TrialPruned when the paired pruner says it is worse than the best by more than the margin."""
@@ -152,12 +166,13 @@ def run_trial(cfg: Config, spec: StudySpec, study, trial, runner: Runner, m: Mea
     reference = study.user_attrs.get("reference") or {}
     draft = trial.suggest_categorical("draft", spec.drafts)
     gamma = trial.suggest_int("gamma", 1, cfg.tune.gamma_max)
+    policy = suggest_policy(trial, cfg.tune.policies)
     trial.set_user_attr("worker", worker_id())
     runner.warmup(draft, spec.batches)
     job = f"trial-{trial.number:04d}"
     for i, batch in enumerate(spec.batches):
         for rep in range(cfg.repeats):
-            runner.measure(m, draft, gamma, spec, i, batch, rep)
+            runner.measure(m, draft, gamma, spec, i, batch, rep, policy=policy)
         requests = m.requests_frame(job)
         trial.set_user_attr("requests", compact(requests))
         trial.set_user_attr("decode_s", m.decode_s)
