@@ -70,9 +70,10 @@ class DraftConfig:
     # wrote each round: every committed token's K/V is the target's, and no catch-up forward follows an
     # all-accepted round.
     target_decode_kv: bool = True
-    # How many of up to `gamma` tokens a round drafts (specbench.decoding.policies) and its threshold on the
-    # draft's probability q(x_i) (confidence_stop, prune_renormalized; ignored by fixed and schedule).
+    # How many of up to `gamma` tokens a round drafts (specbench.decoding.policies: fixed, confidence_stop,
+    # schedule, prune_renormalized; analysis/draft_policies/)
     policy: str = "fixed"
+    # The policy's threshold on the draft's probability q(x_i) (confidence_stop, prune_renormalized; others ignore it)
     tau: float = 0.0
     # n-gram lookup without a match (or past its end): draft the last token again (True), or propose nothing,
     # so the round is a plain target step (False)
