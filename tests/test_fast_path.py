@@ -323,3 +323,35 @@ def test_grouped_attention_refuses_what_it_does_not_apply():
     x = torch.zeros(1, 2, 1, 4)
     with pytest.raises(ValueError, match="softcap"):
         grouped_attention(torch.nn.Module(), x, x[:, :1], x[:, :1], None, 1.0, softcap=30.0)
+
+
+def test_a_cache_filled_under_another_isa_is_not_reused(tmp_path):
+    """Inductor's cache keys leave out the vector ISA: a process forced to AVX2 (`ATEN_CPU_CAPABILITY=avx2`) on an
+    AVX-512 machine reused the graphs an unforced process had compiled into the same cache and got NaN logits.
+    Both processes here share one TORCHINDUCTOR_CACHE_DIR; the compiled W4A16 forward must match the uncompiled
+    one in each (`compile_cache.keyed_cache_dir` gives each ISA its own sub-folder)."""
+    import os
+    import subprocess
+    import sys
+
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if str(pick_vec_isa()).strip() in ("avx2", ""):
+        pytest.skip("this CPU's own vector ISA is AVX2 (or none): forcing AVX2 changes nothing")
+    test = f"{__file__}::test_compiled_w4a16_copy_fuses_its_linears_and_matches_its_static_forward"
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    for capability in (None, "avx2"):
+        run_env = env if capability is None else {**env, "ATEN_CPU_CAPABILITY": capability}
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, f"ATEN_CPU_CAPABILITY={capability}: {proc.stdout[-1500:]}"
+    assert sorted(p.name for p in (tmp_path / "inductor").glob("isa-*")) == [
+        "isa-avx2",
+        f"isa-{pick_vec_isa()}".replace(" ", "_"),
+    ]

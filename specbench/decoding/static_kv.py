@@ -29,6 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specbench.decoding.attention import GROUPED, symbolic_columns
+from specbench.decoding.compile_cache import keyed_cache_dir
 from specbench.decoding.kvcache import attention_windows, cache_keyword, check_prefill_source, with_cache
 from specbench.decoding.timing import to_device, to_host
 from specbench.models import cpu_matvec
@@ -372,6 +373,7 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     """
     import torch._inductor.config as inductor
 
+    keyed_cache_dir()  # inductor's cache per CPU ISA (`compile_cache`)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     inductor.freezing = True
     # Inductor inlines a pointwise producer into its consumers unless its body is long. On CPU its
