@@ -276,7 +276,10 @@ def test_llama_cpp_job_writes_rows_costs_and_a_report(tmp_path):
 
 
 @needs_llama
-def test_llama_cpp_speculative_sampling_passes_the_audit():
+@pytest.mark.parametrize("name", ["llama_cpp:probabilistic", "llama_cpp:probabilistic@0.5"])
+def test_llama_cpp_speculative_sampling_passes_the_audit(name):
+    """llama.cpp's sampled draft with rejection sampling, and with its own draft-length policy (`--spec-draft-p-min`:
+    stop drafting when the draft's top probability falls below it), keep the target's distribution at T = 1."""
     from specbench.audit.core import run_audit
     from specbench.audit.llama_cpp import LlamaCppAudit
     from specbench.audit.settings import AuditSettings
@@ -286,17 +289,23 @@ def test_llama_cpp_speculative_sampling_passes_the_audit():
     prompts = [tok("The capital of France is")["input_ids"]]  # a peaked continuation: the joint test keeps its bins
     sampling = SamplingConfig(1.0)
     settings = AuditSettings(samples=300, tokens=3, reference="sample", seed=3)  # 300 samples must fill the joint test
-    with LlamaCppAudit(["llama_cpp:probabilistic"], gamma=2) as la:
+    with LlamaCppAudit([name], gamma=2) as la:
+        if "@" in name:
+            assert "--spec-draft-p-min 0.5" in " ".join(la.servers[name].spec.args(0))
         res = run_audit(
-            target,
-            la.decoder("llama_cpp:probabilistic", sampling),
-            prompts,
-            sampling,
-            settings=settings,
-            reference=la.reference(sampling),
+            target, la.decoder(name, sampling), prompts, sampling, settings=settings, reference=la.reference(sampling)
         )
     row = res.summary.iloc[0]
     assert row.verdict == "pass" and row.tests > 3 and row.reference == "sample (300)"
+
+
+def test_llama_cpp_p_min_names_are_checked():
+    from specbench.audit.decoders import check_decoder_name, llama_cpp_p_min
+
+    assert llama_cpp_p_min("llama_cpp:probabilistic@0.25") == 0.25 and llama_cpp_p_min("llama_cpp") == 0.0
+    for bad in ("llama_cpp:probabilistic@x", "llama_cpp:probabilistic@1.5"):
+        with pytest.raises(ValueError, match=r"--spec-draft-p-min .* must be a number in \[0, 1\]"):
+            check_decoder_name(bad)
 
 
 def _serve_and_complete(cmd: list[str], ids: list[int]) -> dict:

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 import torch
 
 from specbench.audit.core import TooFewSamplesError, run_audit
-from specbench.audit.decoders import DECODER_CHOICES, LLAMA_CPP_AUDIT_DECODERS, check_decoder_name, make_decoder
+from specbench.audit.decoders import DECODER_CHOICES, check_decoder_name, is_llama_cpp, make_decoder
 from specbench.audit.pairs import AUDIT_PROMPTS, load_audit_pair
 from specbench.audit.result import AuditResult
 from specbench.audit.settings import MINIMUMS, REFERENCE_SAMPLES_MIN, REFERENCES, AuditSettings
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"argument --prompts: {args.prompts}: must be at most {built_in} "
                 f"(the {built_in} built-in prompts of --pair {args.pair})"
             )
-        llama = [n for n in decoders if n in LLAMA_CPP_AUDIT_DECODERS]
+        llama = [n for n in decoders if is_llama_cpp(n)]
         if llama and args.pair != "embedded":
             raise ValueError(
                 f"--decoder {llama[0]}: llama.cpp runs GGUF copies of the embedded model; use --pair embedded"

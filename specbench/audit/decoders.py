@@ -27,6 +27,7 @@ LLAMA_CPP_AUDIT_DECODERS = ("llama_cpp", "llama_cpp:probabilistic", "llama_cpp_a
 DECODER_CHOICES = (
     " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS)
     + " | broken:<variant> | policy:<draft policy>[@tau] | hf_assisted@<assistant_confidence_threshold>"
+    + " | llama_cpp:probabilistic@<--spec-draft-p-min>"
 )
 POLICY_TAU = 0.3  # policy:<name> without @tau
 
@@ -195,6 +196,25 @@ def hf_assisted_decoder(
     return DecoderUnderTest(name, sample, gamma, first_speculative_token=1)
 
 
+def is_llama_cpp(name: str) -> bool:
+    """A decoder the audit runs as llama-server requests (`specbench.audit.llama_cpp`)."""
+    return name in LLAMA_CPP_AUDIT_DECODERS or name.startswith("llama_cpp:probabilistic@")
+
+
+def llama_cpp_p_min(name: str) -> float:
+    """`llama_cpp:probabilistic@<p>`'s --spec-draft-p-min (0 without one): llama.cpp's own draft-length policy."""
+    if "@" not in name:
+        return 0.0
+    text = name.partition("@")[2]
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"audit.decoder={name!r}: --spec-draft-p-min {text!r} must be a number in [0, 1]")
+    return value
+
+
 def check_decoder_name(name: str) -> None:
     """A ValueError naming the choices unless `name` is a decoder the audit can build."""
     if name.startswith("broken:"):
@@ -203,6 +223,8 @@ def check_decoder_name(name: str) -> None:
         policy_spec(name)
     elif name.startswith("hf_assisted@"):
         policy_spec("policy:confidence_stop@" + name.partition("@")[2])
+    elif name.startswith("llama_cpp:probabilistic@"):
+        llama_cpp_p_min(name)
     elif name not in DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS:
         raise ValueError(f"audit.decoder={name!r}: must be {DECODER_CHOICES}")
 

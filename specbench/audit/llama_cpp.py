@@ -4,7 +4,8 @@ llama.cpp's own plain decoding of the same GGUF target, since its numerics (F16 
 kernels) are not the torch target's.
 
 Names: `llama_cpp` (llama.cpp's default: argmax draft, accept while the target's sample matches),
-`llama_cpp:probabilistic` (a sampled draft verified by rejection sampling), and
+`llama_cpp:probabilistic` (a sampled draft verified by rejection sampling; `@<p>` adds `--spec-draft-p-min p`,
+llama.cpp's own draft-length policy: stop drafting when the draft's top probability is below p), and
 `llama_cpp_autoregressive` (plain decoding, the reference; audited against itself it must pass).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from specbench.audit.decoders import LLAMA_CPP_AUDIT_DECODERS, DecoderUnderTest, pad_rows
+from specbench.audit.decoders import DecoderUnderTest, is_llama_cpp, llama_cpp_p_min, pad_rows
 from specbench.audit.settings import derive_seed
 from specbench.decoding.sampling import SamplingConfig
 from specbench.llama_cpp.decoder import request_params
@@ -41,9 +42,12 @@ class LlamaCppAudit(ExitStack):
 
     def __init__(self, names, gamma: int, target: str = "F16", draft: str = "Q4_1", threads: int = 1) -> None:
         super().__init__()
-        unknown = [n for n in names if n not in LLAMA_CPP_AUDIT_DECODERS]
+        unknown = [n for n in names if not is_llama_cpp(n)]
         if unknown:
-            raise ValueError(f"audit.decoder={unknown[0]!r}: llama.cpp decoders are {list(LLAMA_CPP_AUDIT_DECODERS)}")
+            raise ValueError(
+                f"audit.decoder={unknown[0]!r}: llama.cpp decoders are llama_cpp, llama_cpp:probabilistic[@p_min], "
+                f"{REFERENCE}"
+            )
         self.names, self.gamma = list(dict.fromkeys([*names, REFERENCE])), gamma
         self.target, self.draft, self.threads = target, draft, threads
         self.servers: dict[str, LlamaServer] = {}
@@ -56,9 +60,13 @@ class LlamaCppAudit(ExitStack):
                 if name == REFERENCE:
                     spec = ServerSpec(**common)
                 else:
-                    sampling = "probabilistic" if name.endswith(":probabilistic") else "greedy"
+                    sampling = "probabilistic" if name.startswith("llama_cpp:probabilistic") else "greedy"
                     spec = ServerSpec(
-                        **common, draft=gguf_path(self.draft), draft_max=self.gamma, draft_sampling=sampling
+                        **common,
+                        draft=gguf_path(self.draft),
+                        draft_max=self.gamma,
+                        draft_sampling=sampling,
+                        draft_p_min=llama_cpp_p_min(name),  # llama.cpp's own draft-length policy, when named
                     )
                 self.servers[name] = self.enter_context(LlamaServer(spec))
         except BaseException:
