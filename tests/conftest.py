@@ -11,6 +11,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from specbench.decoding.compile_cache import keyed_cache_dir  # noqa: E402
+
+# The tests' own torch.compile calls use the ISA-keyed inductor cache too (`compile_cache`): a run forced to AVX2
+# beside an unforced one on an AVX-512 machine otherwise reads the other's graphs.
+keyed_cache_dir()
+
 # One thread: tests are about correctness, not speed, and OpenMP threads that spin-wait
 # on a busy 2-core box (other tests, Hydra subprocesses) can slow a forward 100-fold.
 torch.set_num_threads(1)
