@@ -13,7 +13,7 @@ WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # the one list; models.loading maps them
 FORWARD_PATHS = ("eager", "static", "compiled")  # specbench.decoding.forward builds them
 CPU_LINEARS = ("tuned", "torch")  # bf16 linears on CPU: specbench.models.kernels.CpuLinear, or nn.Linear as it is
-COMPILE_MODES = ("default", "max-autotune")
+COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")  # reduce-overhead: CUDA graphs (plain compile on CPU)
 
 
 @dataclass
@@ -176,7 +176,7 @@ class ForwardConfig:
     (`static`) or through `torch.compile` (`compiled`, compiled once per process before timing)."""
 
     path: str = "eager"
-    compile_mode: str = "max-autotune"  # compiled: inductor "default" (freezing) or "max-autotune" (GEMM templates)
+    compile_mode: str = "max-autotune"  # compiled: inductor "default" (freezing), "max-autotune" (GEMM templates) or "reduce-overhead" (CUDA graphs)
     capacity: Optional[int] = None  # fast path KV columns per row; None: longest prompt + max_new_tokens + gamma + 2
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from specbench.config.components import COMPILE_MODES
 from specbench.gpu import ct, equality, fastpath, summary
 
 
@@ -57,7 +58,10 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--prompt-tokens", type=int, default=64)
     f.add_argument("--repeats", type=int, default=3)
     f.add_argument(
-        "--compile-mode", default="reduce-overhead", help="torch.compile mode (CUDA graphs: reduce-overhead)"
+        "--compile-mode",
+        default="reduce-overhead",
+        choices=[*COMPILE_MODES, "none"],
+        help="torch.compile mode of the fast path (CUDA graphs: reduce-overhead); none: static, uncompiled",
     )
     f.add_argument("--out", required=True, help="JSON results")
     m = sub.add_parser("summary", help="per job of a device-check sweep: C_o share, host syncs, energy per token")

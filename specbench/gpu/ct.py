@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from specbench.bench.envinfo import hardware_label
+from specbench.models.loading import DTYPES
 from specbench.models.shapes import build_shape_only_model, shape_config
 
 
@@ -58,7 +59,7 @@ def _median(rows, batch, k) -> float:
 def run(args) -> int:
     df = ct_bench(
         args.shape,
-        getattr(torch, args.dtype),
+        DTYPES[args.dtype],
         torch.device(args.device),
         args.batch_sizes,
         list(range(1, args.k_max + 1)),

@@ -24,17 +24,12 @@ from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.sampling import SamplingConfig
+from specbench.models.loading import DTYPES
 from specbench.models.shapes import build_shape_only_model, shape_config
 
 GREEDY = SamplingConfig()
 # A float32 divergence whose float32 margin is at most this is a numerics tie, not a bug.
 FP32_TIE = 1e-3
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[
-        name
-    ]
 
 
 def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
@@ -104,7 +99,7 @@ def run(args) -> int:
     prompts = [torch.randint(0, vocab, (max(n, 2),), generator=g).tolist() for n in lengths]
     cases, bad = [], 0
     for dtype_name in args.dtypes.split(","):
-        dtype = _dtype(dtype_name)
+        dtype = DTYPES[dtype_name]
         model = reference32 if dtype == torch.float32 else copy.deepcopy(reference32).to(dtype)
         draft_model = perturbed(model, args.noise, seed=1)
         drafts = {"perturbed": lambda m=draft_model: ModelDraft(m), "ngram": lambda: NgramDraft(vocab, device=device)}

@@ -21,6 +21,7 @@ from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for, target_ks
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
+from specbench.models.loading import DTYPES
 from specbench.models.shapes import build_shape_only_model, shape_config
 
 GREEDY = SamplingConfig()
@@ -116,7 +117,7 @@ def run(args) -> int:
         args.target_shape,
         args.draft_shape,
         args.device,
-        getattr(torch, args.dtype),
+        DTYPES[args.dtype],
         args.batch_sizes,
         args.gamma,
         args.new_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from specbench.analysis.acceptance import expected_accept_length
 from specbench.analysis.speedup import speedup_formula
 from specbench.bench import runstore
 
@@ -70,7 +71,7 @@ def gamma_by_batch(sweep_dir, alphas: list[float], gamma_max: int = 15) -> pd.Da
             best = max(
                 (
                     speedup_formula(
-                        (1 - alpha ** (g + 1)) / (1 - alpha),
+                        expected_accept_length(alpha, g),
                         ks.loc[1],
                         g * per_draft_token[batch],
                         ks.loc[min(g + 1, ks.index.max())],
