@@ -15,7 +15,7 @@ import optuna
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
-from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 from scipy import stats
 
@@ -28,8 +28,9 @@ from specbench.models import pair as pair_module
 from specbench.tune.objectives import OBJECTIVES, Objective
 from specbench.tune.paired import compact, objective_value, paired_p, reference_throughput
 from specbench.tune.profile import model_choice
-from specbench.tune.recommend import REC_COLUMNS, recommendation_table, write_recommendations
+from specbench.tune.recommend import REC_COLUMNS, format_table, recommendation_table, write_recommendations
 from specbench.tune.runner import Runner, run_tune
+from specbench.tune.samplers import Arm, SearchSpace, neighbours, policy_choices
 from specbench.tune.study import PairedPruner, open_storage, plan_studies
 
 REPO = Path(__file__).resolve().parents[1]
@@ -356,7 +357,7 @@ def test_study_searches_draft_length_policies(tmp_path):
     run_tune(compose_config(base + ["tune.n_trials=4", "tune.policies=[confidence_stop,schedule]"]), tmp_path / "r")
     (study,) = [optuna.load_study(study_name=n, storage=url) for n in optuna.get_all_study_names(url)]
     drawn = [t for t in study.trials if t.user_attrs.get("source") != "cost_model"]
-    assert drawn and all(t.params["policy"] in ("confidence_stop", "schedule") for t in drawn)
+    assert drawn and all(t.params["policy"] in ("fixed", "confidence_stop", "schedule") for t in drawn)
     assert all(("tau" in t.params) == (t.params["policy"] == "confidence_stop") for t in drawn)
     study_dir = next((tmp_path / "r" / "trials").iterdir())
     rounds = pd.concat(pd.read_parquet(p) for p in study_dir.glob("trial-*/rounds.parquet"))
@@ -364,3 +365,73 @@ def test_study_searches_draft_length_policies(tmp_path):
     assert (spec["drafted"] <= spec["gamma"]).all() and set(spec["stop"]) <= {"gamma", "confidence"}
     with pytest.raises(ValueError, match="tune.policies: 'prune_naive' is not lossless"):
         TuneConfig(policies=["prune_naive"])
+
+
+def test_the_default_local_search_searches_policies(tmp_path):
+    """Issue 38: with tune.policies the default sampler (local) failed every trial with KeyError: 'policy'
+    (its proposals named only draft and γ). Now trial 0 is the cost model's γ at the fixed policy, and the
+    climb proposes the other policies at that γ, a threshold policy at the model's tau* (γ_max 1: no γ
+    neighbour, so the three arms are the same whichever measured fastest)."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    base = TINY + [f"runs_dir={tmp_path}", f"tune.storage={url}", "sampling=t1", "tune.n_trials=3"]
+    base += ["tune.gamma_max=1", "tune.profile_gamma=1"]
+    run_tune(compose_config(base + ["tune.policies=[confidence_stop,schedule]"]), tmp_path / "r")
+    (study,) = [optuna.load_study(study_name=n, storage=url) for n in optuna.get_all_study_names(url)]
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 3 and done[0].params["policy"] == "fixed"
+    assert [t.params["policy"] for t in done] == ["fixed", "confidence_stop", "schedule"]
+    tau_star = study.user_attrs["model"]["fits"]["model"]["tau_star"]["confidence_stop"]
+    (cs,) = [t for t in done if t.params["policy"] == "confidence_stop"]
+    assert cs.params["tau"] == pytest.approx(tau_star)
+    rec = json.loads((tmp_path / "r" / "recommendations.json").read_text())[0]
+    assert rec["best_fixed"].startswith("model γ=") and rec["policy_vs_fixed_n"] == 2
+
+
+def test_neighbours_of_an_arm_span_gamma_drafts_policies_and_tau():
+    space = SearchSpace(["w8a16", "ngram"], 8, policy_choices(["schedule", "confidence_stop"]))
+    assert space.policies == ["fixed", "schedule", "confidence_stop"]
+    got = neighbours(Arm("w8a16", 4, "confidence_stop", 0.4), space, {"confidence_stop": 0.3})
+    assert got == [
+        Arm("w8a16", 5, "confidence_stop", 0.4),
+        Arm("w8a16", 3, "confidence_stop", 0.4),
+        Arm("ngram", 4, "confidence_stop", 0.4),
+        Arm("w8a16", 4, "fixed", None),
+        Arm("w8a16", 4, "schedule", None),
+        Arm("w8a16", 4, "confidence_stop", 0.5),
+        Arm("w8a16", 4, "confidence_stop", 0.3),
+    ]
+    assert Arm("w8a16", 4, "fixed", None)._replace(gamma=1) in neighbours(Arm("w8a16", 2, "fixed"), space, {})
+    assert neighbours(Arm("w8a16", 4, "fixed"), space, {"confidence_stop": 0.33})[-1].tau == 0.35  # on tau's grid
+
+
+def _arm_trial(params: dict, speedups: list[float]):
+    dist = {
+        "draft": CategoricalDistribution(["w8a16"]),
+        "gamma": IntDistribution(1, 8),
+        "policy": CategoricalDistribution(["fixed", "confidence_stop"]),
+        "tau": FloatDistribution(0.05, 0.95, step=0.05),
+    }
+    return create_trial(
+        params=params,
+        distributions={k: dist[k] for k in params},
+        value=8.0 * float(np.median(speedups)),
+        user_attrs={"requests": _requests(speedups), "decode_s": 1.0},
+    )
+
+
+def test_recommendation_pairs_the_best_policy_with_the_best_fixed_gamma():
+    """Arms at one γ with different policies are not pooled: the best fixed γ and the best policy arm are
+    compared batch by batch (ratio median, exact CI, Wilcoxon p, n)."""
+    study = _synthetic_study({})
+    fixed4 = [1.20, 1.50, 1.30, 1.70, 1.40, 1.60, 1.25, 1.45]
+    study.add_trial(_arm_trial({"draft": "w8a16", "gamma": 4, "policy": "fixed"}, fixed4))
+    study.add_trial(_arm_trial({"draft": "w8a16", "gamma": 3, "policy": "fixed"}, [0.9 * s for s in fixed4]))
+    policy = {"draft": "w8a16", "gamma": 4, "policy": "confidence_stop", "tau": 0.4}
+    study.add_trial(_arm_trial(policy, [1.08 * s for s in fixed4]))
+    (row,) = recommendation_table([study]).to_dict("records")
+    assert (row["gamma"], row["policy"], row["tau"]) == (4, "confidence_stop", 0.4)
+    assert row["best_fixed"] == "w8a16 γ=4" and row["best_policy"] == "w8a16 γ=4 confidence_stop@0.4"
+    assert row["policy_vs_fixed"] == pytest.approx(1.08) and row["policy_vs_fixed_n"] == 8
+    assert row["policy_vs_fixed_lo"] == pytest.approx(1.08) == pytest.approx(row["policy_vs_fixed_hi"])
+    assert row["policy_vs_fixed_p"] < 0.05
+    assert "confidence_stop@0.4 / w8a16 γ=4: 1.08×" in format_table(pd.DataFrame([row]))

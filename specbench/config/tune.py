@@ -29,7 +29,8 @@ class TuneConfig:
     gamma_max: int = 8  # γ is searched in [1, gamma_max]
     drafts: Optional[list[str]] = None  # draft kinds searched; None: the job's draft.kind
     # draft-length policies searched (specbench.decoding.policies; γ is then γ_max, a round's most); a policy
-    # with a threshold also searches tau in [0.05, 0.95] by 0.05. None: the job's draft.policy and draft.tau.
+    # with a threshold also searches tau in [0.05, 0.95] by 0.05; `fixed` is always searched too (the yardstick the
+    # recommendation pairs the best policy with). None: the job's draft.policy and draft.tau.
     policies: Optional[list[str]] = None
     n_trials: int = 8  # finished (complete + pruned) trials per study, earlier runs included
     sampler: str = "local"  # a name in specbench.tune.samplers.SAMPLERS

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from specbench.analysis.acceptance import AcceptanceProfile
+from specbench.analysis.policy_model import choose_tau, fit_accept_curve
 from specbench.analysis.speedup import optimal_gamma, predict_speedup
 from specbench.analysis.timing import TimingProfile
 from specbench.bench import runstore
 from specbench.config import Config
 from specbench.decoding.records import AUTOREGRESSIVE
 from specbench.tune.paired import reference_latency, reference_throughput
+from specbench.tune.samplers import TAUS, policy_choices, reads_tau
 from specbench.tune.study import StudySpec
 
 if TYPE_CHECKING:
@@ -53,6 +55,23 @@ def fit_prediction(rounds: pd.DataFrame, gamma_max: int, ct: pd.DataFrame | None
             "ct_source": tim.ct_source,
         },
     )
+
+
+def policy_taus(rounds: pd.DataFrame, ct: pd.DataFrame | None, gamma: int, policies: list[str] | None) -> dict:
+    """The cost model's tau* for each threshold policy searched, replayed on the profile's recorded draft
+    confidences (`analysis.policy_model.choose_tau`); {} without such a policy or without confidences."""
+    names = [p for p in policy_choices(policies) or [] if reads_tau(p)]
+    if not names:
+        return {}
+    try:
+        curve = fit_accept_curve(rounds)
+        tim = TimingProfile.from_rounds(rounds, ct, context=False)
+        return {
+            p: float(choose_tau(rounds, curve, tim, p, TAUS, gamma, draft_stops=True).iloc[0]["tau"]) for p in names
+        }
+    except (ValueError, KeyError) as exc:
+        log.warning("tau* not modelled (%s): the search starts its policies at tau 0.5", exc)
+        return {}
 
 
 def prior_rows(cfg: Config, spec: StudySpec, draft: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -147,7 +166,8 @@ def model_choice(cfg: Config, spec: StudySpec, runner: Runner) -> tuple[dict, di
         if g < 1:
             g = min(t.profile_gamma, t.gamma_max)
         model["prediction"][draft] = fit.pop("curve")
-        model["fits"][draft] = {**fit, "gamma": g, "speedup": s if math.isfinite(s) else None}
+        taus = policy_taus(rounds, ct, t.profile_gamma, t.policies)
+        model["fits"][draft] = {**fit, "gamma": g, "speedup": s if math.isfinite(s) else None, "tau_star": taus}
         if best is None or (math.isfinite(s) and (not math.isfinite(best[2]) or s > best[2])):
             best = (draft, g, s)
     model["draft"], model["gamma"] = best[0], int(best[1])

@@ -1,5 +1,6 @@
-"""Recommendations: per study, the best (draft, γ), both measured speedups with CIs, the
-reference throughput, and the alternatives a paired test cannot tell apart from it.
+"""Recommendations: per study, the best arm (draft, γ, and the draft-length policy with its tau), both
+measured speedups with CIs, the reference throughput, the alternatives a paired test cannot tell apart
+from it, and the best policy against the best fixed γ, paired (`policy_compare`).
 
 Everything is recomputed from the request rows stored with each trial (`paired.expand`).
 """
@@ -16,7 +17,9 @@ from specbench.analysis.speedup import deploy_label, latency_speedup, speedup_ve
 from specbench.bench import runstore
 from specbench.tune.objectives import OBJECTIVES, is_better
 from specbench.tune.paired import batch_speedups, expand, objective_value, paired_p, reference_throughput
-from specbench.tune.samplers import config_of
+from specbench.tune.policy_compare import COLUMNS as COMPARE_COLUMNS
+from specbench.tune.policy_compare import format_cell, policy_vs_fixed
+from specbench.tune.samplers import Arm, config_of
 
 REC_COLUMNS = [
     "workload",
@@ -25,6 +28,8 @@ REC_COLUMNS = [
     "sampling",
     "draft",
     "gamma",
+    "policy",
+    "tau",
     "throughput_speedup",
     "throughput_speedup_lo",
     "throughput_speedup_hi",
@@ -46,6 +51,7 @@ REC_COLUMNS = [
     "indistinguishable",
     "decode_s",
     "study",
+    *COMPARE_COLUMNS,
 ]
 
 
@@ -54,9 +60,9 @@ def trial_requests(trial) -> pd.DataFrame:
     return expand(trial.user_attrs.get("requests"), f"trial-{trial.number:04d}")
 
 
-def pooled(study) -> dict[tuple[str, int], pd.DataFrame]:
-    """Per (draft, γ): the request rows of all its COMPLETE trials."""
-    out: dict[tuple[str, int], list[pd.DataFrame]] = {}
+def pooled(study) -> dict[Arm, pd.DataFrame]:
+    """Per arm (draft, γ, policy, tau): the request rows of all its COMPLETE trials."""
+    out: dict[Arm, list[pd.DataFrame]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         c = config_of(t)
         if c is not None:
@@ -105,7 +111,7 @@ def recommend(study, confidence: float = 0.95) -> dict | None:
             continue
         p = paired_p(best_b, batch_speedups(q, objective))
         if math.isfinite(p) and p >= 1.0 - confidence:
-            alts.append({"draft": c[0], "gamma": c[1], "p": p, "value": values[c]})
+            alts.append({"draft": c.draft, "gamma": c.gamma, "arm": c, "p": p, "value": values[c]})
     alts.sort(key=lambda a: -a["p"])
     multi_draft = len({c[0] for c in by_config}) > 1
     model = ua.get("model") or {}
@@ -115,8 +121,10 @@ def recommend(study, confidence: float = 0.95) -> dict | None:
         "categories": ua.get("categories"),
         "batch_size": ua.get("batch_size"),
         "sampling": ua.get("sampling"),
-        "draft": best[0],
-        "gamma": best[1],
+        "draft": best.draft,
+        "gamma": best.gamma,
+        "policy": best.policy,
+        "tau": best.tau,
         **{k: float(thr[k]) for k in ("throughput_speedup", "throughput_speedup_lo", "throughput_speedup_hi")},
         **{k: float(lat[k]) for k in ("latency_speedup", "latency_speedup_lo", "latency_speedup_hi")},
         "verdict": speedup_verdict(shown[f"{obj.speedup}_lo"], shown[f"{obj.speedup}_hi"]),
@@ -134,20 +142,25 @@ def recommend(study, confidence: float = 0.95) -> dict | None:
         "indistinguishable": "; ".join(_alt_label(a, best, multi_draft) for a in alts),
         "decode_s": decode_seconds(study),
         "study": study.study_name,
+        **policy_vs_fixed(by_config, values, objective, confidence),
         "alternatives": alts,
     }
 
 
-def _alt_label(a: dict, best: tuple, multi_draft: bool) -> str:
-    name = f"{a['draft']} γ={a['gamma']}" if multi_draft else f"γ={a['gamma']}"
-    chosen = f"{best[0]} γ={best[1]}" if multi_draft else f"γ={best[1]}"
-    return f"{chosen} ≈ {name} (p={a['p']:.2f})"
+def _alt_label(a: dict, best: Arm, multi_draft: bool) -> str:
+    return f"{best.label(multi_draft)} ≈ {a['arm'].label(multi_draft)} (p={a['p']:.2f})"
 
 
 def recommendation_table(studies, confidence: float = 0.95) -> pd.DataFrame:
     """The recommendation table (REC_COLUMNS) over studies; `alternatives` kept as a list column."""
     rows = [r for s in studies if (r := recommend(s, confidence)) is not None]
     return pd.DataFrame(rows, columns=REC_COLUMNS + ["alternatives"])
+
+
+def _arm(r) -> Arm:
+    """A recommendation row's arm (pandas holds a missing policy / tau as None or NaN)."""
+    tau = r.tau if isinstance(r.tau, float) and math.isfinite(r.tau) else None
+    return Arm(r.draft, int(r.gamma), r.policy if isinstance(r.policy, str) else None, tau)
 
 
 def _ci(s: float, lo: float, hi: float) -> str:
@@ -160,16 +173,17 @@ def format_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "(no complete trials)"
     lines = [
-        "| workload | batch | sampling | deploy | best draft | best γ | throughput speedup [CI] | latency speedup [CI] "
-        "| tok/s | trials (pruned) | model γ | indistinguishable |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | batch | sampling | deploy | best draft | best γ [policy] | throughput speedup [CI] | latency speedup [CI] "
+        "| tok/s | trials (pruned) | model γ | indistinguishable | best policy / best fixed γ, paired [CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in df.iterrows():
         thr = _ci(r.throughput_speedup, r.throughput_speedup_lo, r.throughput_speedup_hi)
         lat = _ci(r.latency_speedup, r.latency_speedup_lo, r.latency_speedup_hi)
         lines.append(
-            f"| {r.workload}[{r.categories}] | {r.batch_size} | {r.sampling} | {r.deploy} | {r.draft} | {r.gamma} | {thr} | "
-            f"{lat} | {r.tok_s:.1f} | {r.n_trials} ({r.n_pruned}) | {r.model_gamma} | {r.indistinguishable or '-'} |"
+            f"| {r.workload}[{r.categories}] | {r.batch_size} | {r.sampling} | {r.deploy} | {r.draft} | {_arm(r).label(False)} | {thr} | "
+            f"{lat} | {r.tok_s:.1f} | {r.n_trials} ({r.n_pruned}) | {r.model_gamma} | {r.indistinguishable or '-'} "
+            f"| {format_cell(r)} |"
         )
     return "\n".join(lines)
 

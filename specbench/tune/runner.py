@@ -21,13 +21,12 @@ from specbench.bench.job import check_workload, encode_workload
 from specbench.bench.protocol import EncodedPrompt, bench_ct, decoders, job_keys, measure_batch, warm_up
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
-from specbench.decoding.policies import POLICIES
 from specbench.models.pair import Pair, load_pair
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.paired import batch_speedups, compact, objective_value
 from specbench.tune.profile import model_choice
 from specbench.tune.recommend import decode_seconds, format_table, recommendation_table, write_recommendations
-from specbench.tune.samplers import SAMPLERS
+from specbench.tune.samplers import SAMPLERS, TAU_STEP, TAUS, SearchSpace, config_of, policy_choices, reads_tau
 from specbench.tune.study import (
     PairedPruner,
     StudySpec,
@@ -151,12 +150,14 @@ class Runner:
 
 
 def suggest_policy(trial, policies: list[str] | None) -> dict | None:
-    """The trial's draft-length policy and tau (None: the run's own): tau only for a policy that reads it."""
-    if not policies:
+    """The trial's draft-length policy and tau (None: the run's own): tau only for a policy that reads it;
+    `fixed` is always among the choices (`samplers.policy_choices`), the yardstick of the others."""
+    choices = policy_choices(policies)
+    if not choices:
         return None
-    name = trial.suggest_categorical("policy", list(policies))
-    reads = POLICIES.get(name, "tune.policies").reads_confidence
-    return {"policy": name, "tau": trial.suggest_float("tau", 0.05, 0.95, step=0.05) if reads else 0.0}
+    name = trial.suggest_categorical("policy", choices)
+    tau = trial.suggest_float("tau", TAUS[0], TAUS[-1], step=TAU_STEP) if reads_tau(name) else 0.0
+    return {"policy": name, "tau": tau}
 
 
 def run_trial(cfg: Config, spec: StudySpec, study, trial, runner: Runner, m: Measurement) -> float:
@@ -189,7 +190,9 @@ def tune_study(cfg: Config, spec: StudySpec, storage, runner: Runner) -> dict:
     """Run trials of one study until it has `n_trials` finished trials (or the local search converged)."""
     t = cfg.tune
     seed = cfg.seed * 7919 + os.getpid()  # distinct streams for distinct workers
-    sampler = SAMPLERS.get(t.sampler, "tune.sampler")(spec.drafts, t.gamma_max, seed)
+    sampler = SAMPLERS.get(t.sampler, "tune.sampler")(
+        SearchSpace(spec.drafts, t.gamma_max, policy_choices(t.policies)), seed
+    )
     pruner = PairedPruner(t.prune_margin, t.prune_alpha, t.prune_after, len(spec.batches), t.prune)
     profile: dict = {"seconds": 0.0}
 
@@ -248,12 +251,11 @@ def _log_trial(spec: StudySpec, ft, state: str, note: str) -> None:
     p, iv = ft.params, ft.intermediate_values
     s = float(pd.Series(iv, dtype=float).median()) if iv else math.nan
     log.info(
-        "%s | trial %d %s: draft=%s γ=%s value=%s median batch speedup=%.2f× over %d batches, %.1f s %s",
+        "%s | trial %d %s: %s value=%s median batch speedup=%.2f× over %d batches, %.1f s %s",
         spec.categories,
         ft.number,
         state,
-        p.get("draft"),
-        p.get("gamma"),
+        arm.label() if (arm := config_of(ft)) is not None else p,
         f"{ft.value:.4g}" if ft.value is not None else "-",
         s,
         len(iv),

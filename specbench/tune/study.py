@@ -29,7 +29,7 @@ from specbench.bench.protocol import EncodedPrompt, batches_of
 from specbench.config import Config
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.paired import worse_p
-from specbench.tune.samplers import config_of
+from specbench.tune.samplers import FIXED, Arm, config_of, policy_choices
 
 log = logging.getLogger("specbench.tune")
 STUDY_MARK = "specbench_tune"  # study user attribute that marks a specbench tuning study
@@ -215,7 +215,7 @@ def fail_stale(study) -> None:
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         c = config_of(t)
         if c is not None:
-            study.enqueue_trial({"draft": c[0], "gamma": c[1]}, user_attrs={"source": "retry", "retry_of": t.number})
+            study.enqueue_trial(c.params(), user_attrs={"source": "retry", "retry_of": t.number})
         log.warning("trial %d of a dead worker (%s) marked FAIL and re-enqueued", t.number, w)
 
 
@@ -253,7 +253,8 @@ def open_study(cfg: Config, spec: StudySpec, storage, sampler, pruner, create: C
                 "created_by": worker_id(),
             }.items():
                 study.set_user_attr(k, v)
-            study.enqueue_trial({"draft": model["draft"], "gamma": model["gamma"]}, user_attrs={"source": "cost_model"})
+            first = Arm(model["draft"], model["gamma"], FIXED if policy_choices(cfg.tune.policies) else None)
+            study.enqueue_trial(first.params(), user_attrs={"source": "cost_model"})
             study.set_user_attr("ready", True)
             log.info(
                 "study %s created; cost model (%s) -> draft=%s γ=%d (predicted %.2f×), enqueued as trial 0",
