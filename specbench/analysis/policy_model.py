@@ -7,7 +7,7 @@ included, so one run at a fixed gamma_max is enough to replay any tau offline:
    Laplace-smoothed), from every verified position that was reached;
 2. `predict_policy`: per recorded round, the policy's kept length L(tau) (its own rule, on the
    recorded confidences), E[N] = 1 + sum_{i<=L} prod_{j<=i} a(q(x_j)), and the round's cost
-   C_d(D) + C_t(L + 1) + C_o, where D is what the draft drafted: gamma_max (specbench's draft drafts its
+   C_d(D) + C_t(L + 1) + C_o(L), where D is what the draft drafted: gamma_max (specbench's draft drafts its
    whole gamma, then the policy cuts) or, with `draft_stops=True`, L (plus the dropped one);
    speedup = C_t1 * sum E[N] / sum cost (a ratio of sums, as the measured tokens / time);
 3. `choose_tau`: the tau maximizing the predicted speedup over a grid, without running them.
@@ -117,7 +117,9 @@ def predict_policy(
         lengths.append(length)
         produced.append(made if draft_stops else g_max)
         e_n.append(1.0 + float(a.sum()))
-        cost.append(float(timing.c_d(produced[-1])) + float(timing.c_t(length + 1)) + float(timing.c_o(g_max)))
+        # C_o at the verified length: acceptance, residual and rollback work over what was verified, not over
+        # gamma_max (at c_o(gamma_max) n-gram rounds that verify nothing cost a gamma-4 round's overhead)
+        cost.append(float(timing.c_d(produced[-1])) + float(timing.c_t(length + 1)) + float(timing.c_o(length)))
     skip_cost = float(timing.c_t(1)) + float(timing.c_o(0)) if no_draft_cost is None else no_draft_cost
     tokens = (1 - no_draft) * float(np.mean(e_n)) + no_draft * 1.0
     seconds = (1 - no_draft) * float(np.mean(cost)) + no_draft * skip_cost
