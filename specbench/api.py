@@ -13,6 +13,7 @@ from specbench.bench.workloads import Prompt, render_prompt
 from specbench.config import DraftConfig, ForwardConfig, ModelConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.forward import ForwardPath, capacity_for, check_context
+from specbench.decoding.policies import POLICIES
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
@@ -54,6 +55,8 @@ def decode(
     chat_template: bool = True,
     forward: str = "eager",
     cpu_linear: str = "tuned",
+    draft_policy: str = "fixed",
+    draft_tau: float = 0.0,
 ) -> DecodeOutput:
     """Decode a batch of prompts (one batch of B = len(prompts)) with speculative decoding,
     or the autoregressive baseline when `speculative=False`.
@@ -67,6 +70,8 @@ def decode(
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
     `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
     `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
+    `draft_policy` / `draft_tau`: how many of the γ drafts a round verifies (`draft.policy`: 'fixed',
+    'confidence_stop' (stop after a draft whose q(x_i) < tau), 'schedule', 'prune_renormalized'); γ is then γ_max.
     A prompt that with `max_new_tokens` would run past the target's context is refused (ValueError); a bad
     argument raises TypeError or ValueError naming it, before any model loads.
     """
@@ -100,6 +105,8 @@ def decode(
         vocab_top=draft_vocab_top,
         target_prompt_kv=draft_target_prompt_kv,
         target_decode_kv=draft_target_decode_kv,
+        policy=draft_policy,
+        tau=draft_tau,
     )
     forward_cfg = ForwardConfig(path=forward)  # validates the path
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
@@ -117,9 +124,11 @@ def decode(
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
     timer = PhaseTimer(pair.target.device)
     if speculative:
+        policy = POLICIES.get(draft_cfg.policy, "draft_policy")
         result = speculative_decode(
-            pair.target_lm(), pair.new_draft(), ids, gamma, sampling, max_new_tokens, pair.eos, generator, timer
-        )
+            pair.target_lm(), pair.new_draft(), ids, gamma, sampling, max_new_tokens, pair.eos, generator, timer,
+            policy=policy, tau=draft_cfg.tau,
+        )  # fmt: skip
     else:
         result = autoregressive_decode(pair.target_lm(), ids, sampling, max_new_tokens, pair.eos, generator, timer)
     return DecodeOutput(

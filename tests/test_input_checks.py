@@ -164,3 +164,39 @@ def test_pair_tiny_with_a_source_override_is_refused_on_the_command_line():
         cfg = compose("config", overrides=["pair=tiny", "draft=ngram", "pair.target.source=/nonexistent.gguf"])
     with pytest.raises(ValueError, match="pair.target.source='/nonexistent.gguf'"):
         to_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(draft_policy="prune_naive"), ["draft.policy='prune_naive'", "not lossless"]),
+        (dict(draft_policy="nope"), ["draft.policy='nope'", "must be one of"]),
+        (dict(draft_tau=1.5), ["draft.tau=1.5", "[0, 1]"]),
+    ],
+)
+def test_decode_names_a_bad_draft_policy_before_loading(monkeypatch, kwargs, words):
+    _no_models(monkeypatch, "specbench.api")
+    with pytest.raises(ValueError) as info:
+        specbench.decode(["hello"], draft="ngram", dtype="float32", **kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_decode_drafts_under_a_length_policy(monkeypatch):
+    """Issue 38: `specbench.decode` drafted a fixed γ whatever was asked; `draft_policy` now reaches the decoder
+    (a draft equal to the target at T = 1: confidence_stop at tau 0.99 stops on nearly every draft)."""
+    from specbench.models.pair import Pair
+    from specbench.models.shapes import build_shape_only_model
+
+    model = build_shape_only_model("tiny-llama", dtype=__import__("torch").float32)
+    cfg = DraftConfig(kind="model", policy="confidence_stop", tau=0.99)
+    monkeypatch.setattr(
+        "specbench.api.load_pair", lambda *a, **k: Pair(model, _WordTokenizer(), model, "model", set(), True, cfg)
+    )
+    out = specbench.decode(
+        ["a b c"], draft="model", draft_model="same", dtype="float32", max_new_tokens=12, gamma=4, temperature=1.0,
+        chat_template=False, draft_policy="confidence_stop", draft_tau=0.99,
+    )  # fmt: skip
+    spec = out.rounds[out.rounds["gamma"] > 0]
+    assert len(out.tokens[0]) == 12 and "confidence" in set(spec["stop"])
+    assert (spec["drafted"] <= spec["gamma"]).all() and spec["drafted"].min() < 4
