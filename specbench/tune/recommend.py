@@ -60,10 +60,10 @@ def trial_requests(trial) -> pd.DataFrame:
     return expand(trial.user_attrs.get("requests"), f"trial-{trial.number:04d}")
 
 
-def pooled(study) -> dict[Arm, pd.DataFrame]:
-    """Per arm (draft, γ, policy, tau): the request rows of all its COMPLETE trials."""
+def pooled(study, states=(TrialState.COMPLETE,)) -> dict[Arm, pd.DataFrame]:
+    """Per arm (draft, γ, policy, tau): the request rows of all its trials in `states` (COMPLETE)."""
     out: dict[Arm, list[pd.DataFrame]] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for t in study.get_trials(deepcopy=False, states=states):
         c = config_of(t)
         if c is not None:
             out.setdefault(c, []).append(trial_requests(t))
@@ -142,9 +142,18 @@ def recommend(study, confidence: float = 0.95) -> dict | None:
         "indistinguishable": "; ".join(_alt_label(a, best, multi_draft) for a in alts),
         "decode_s": decode_seconds(study),
         "study": study.study_name,
-        **policy_vs_fixed(by_config, values, objective, confidence),
+        **_policy_vs_fixed(study, objective, reference, confidence),
         "alternatives": alts,
     }
+
+
+def _policy_vs_fixed(study, objective: str, reference: dict, confidence: float) -> dict:
+    """The best policy arm against the best fixed-γ arm; pruned trials count on the batches they measured
+    (a policy the pruner stopped early was still paired batch by batch)."""
+    arms = pooled(study, (TrialState.COMPLETE, TrialState.PRUNED))
+    return policy_vs_fixed(
+        arms, {c: objective_value(q, objective, reference) for c, q in arms.items()}, objective, confidence
+    )
 
 
 def _alt_label(a: dict, best: Arm, multi_draft: bool) -> str:
