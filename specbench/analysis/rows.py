@@ -122,9 +122,15 @@ def spec_rows(rounds: pd.DataFrame) -> pd.DataFrame:
     return rounds[~plain_mask(rounds) & (rounds["gamma"] > 0)]
 
 
+def ar_mask(df: pd.DataFrame) -> pd.Series:
+    """Rows of the plain engine whose rounds are timed: specbench's autoregressive baseline, the cost
+    model's and the tuner's reference (not transformers' or llama.cpp's plain decoding)."""
+    return plain_mask(df) & decoder_column(df).map(has_timed_rounds).astype(bool)
+
+
 def ar_rows(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Round rows of the plain engines whose rounds are timed (specbench's autoregressive baseline)."""
-    return rounds[plain_mask(rounds) & decoder_column(rounds).map(has_timed_rounds).astype(bool)]
+    """Round rows of specbench's autoregressive baseline (`ar_mask`)."""
+    return rounds[ar_mask(rounds)]
 
 
 def add_gamma_setting(rounds: pd.DataFrame, requests: pd.DataFrame | None = None):

@@ -91,7 +91,9 @@ class Config:
         if len(set(self.all_decoders)) != len(self.all_decoders):
             raise ValueError(f"extra_decoders={list(self.extra_decoders)}: repeats decoder={self.decoder!r} or itself")
         if self.draft.kind == AUTO:
-            self.draft.kind = resolve_kind(AUTO, self.pair.device, needs_model=self.needs_draft_model, dtype=self.pair.dtype)
+            self.draft.kind = resolve_kind(
+                AUTO, self.pair.device, needs_model=self.needs_draft_model, dtype=self.pair.dtype
+            )
             self.draft.__post_init__()
         at_least("gamma", self.gamma, 0)  # 0: speculation off (the plain decoder alone, through the same protocol)
         at_least("batch_size", self.batch_size, 1)
@@ -130,7 +132,9 @@ class Config:
                     f"use draft={' or draft='.join(with_model)}"
                 )
             if self.tune.enabled and not engine.tunable:
-                raise ValueError(f"tune.enabled=true with decoder={name!r}: the tuner measures specbench's engines only")
+                raise ValueError(
+                    f"tune.enabled=true with decoder={name!r}: the tuner measures specbench's engines only"
+                )
             engine.check(self)
 
     @property

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench.decoding.records import SPECULATIVE
-from specbench.engines import ENGINES as DECODING_ENGINES  # the decoders measured (this module's ENGINES: writers)
 from specbench.deploy.policy_knobs import llama_cpp_p_min, no_knob, transformers_fields
 from specbench.deploy.schedule import OFF, Range, Schedule
+from specbench.engines import ENGINES as DECODING_ENGINES  # the decoders measured (this module's ENGINES: writers)
 from specbench.llama_cpp.options import amx_repack_flags, speculative_flags
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.registry import Registry

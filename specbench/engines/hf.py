@@ -11,7 +11,6 @@ from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, HF_GENERATE
 from specbench.engines.base import TORCH, Engine, TorchSession, register
 from specbench.engines.specbench_decoders import torch_costs
 
-
 _PLAIN: dict[int, tuple] = {}  # id(pair.target) -> its plain copies: a tuner opens engines once per batch
 
 
@@ -125,6 +124,7 @@ register(
         open=open_generate,
         description="transformers' generate() on the target alone, torch's nn.Linear: plain decoding as its users run it",
         batch_one=True,
+        timed_rounds=False,  # generate() is one call: no round rows
         tunable=False,
         check=check_hf_sampling,
         costs=torch_costs,
@@ -141,6 +141,7 @@ register(
         description="transformers' assisted generation: generate(assistant_model=the pair's draft), γ fixed, nn.Linear",
         needs_draft_model=True,
         batch_one=True,
+        timed_rounds=False,  # generate() is one call: no round rows
         check=check_hf_sampling,
         costs=torch_costs,
     )

@@ -44,7 +44,17 @@ def open_speculative(cfg, pair, slot: int) -> TorchSession:
         generator, timer = _generator_and_timer(pair, seed)
         lm, draft = pair.target_lm(), pair.new_draft()
         return speculative_decode(
-            lm, draft, ids, cfg.gamma, sampling, max_new_tokens, pair.eos, generator, timer, policy=policy, tau=cfg.draft.tau
+            lm,
+            draft,
+            ids,
+            cfg.gamma,
+            sampling,
+            max_new_tokens,
+            pair.eos,
+            generator,
+            timer,
+            policy=policy,
+            tau=cfg.draft.tau,
         )
 
     return TorchSession(decode)
