@@ -61,7 +61,9 @@ def engines_table(pairs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame
             {
                 **kd,
                 "own baseline": baseline_of(kd["decoder"], "") == kd["baseline"],
-                "γ": int(g["gamma"].max()) if "gamma" in g else np.nan,
+                "γ": int(g["gamma"].max())
+                if "gamma" in g and baseline_of(kd["decoder"], kd["decoder"]) != kd["decoder"]
+                else np.nan,
                 "n": int(g["ratio"].notna().sum()),
                 "engine tok/s": g["tok_s"].median(),
                 "baseline tok/s": g["baseline_tok_s"].median(),
@@ -188,6 +190,9 @@ def engines_sections(tables: dict) -> list[Section]:
         s.tables.append(("Per prompt: tok/s and the ratio over the engine's own baseline", per_prompt))
     else:
         s.notes.append(f"{len(per_prompt)} per-prompt rows: see tables/engines_per_prompt.csv")
+    for i, (title, df) in enumerate(s.tables):  # one job: its name on every row says nothing
+        if "job" in df.columns and df["job"].nunique() <= 1:
+            s.tables[i] = (title, df.drop(columns="job"))
     sections = [s]
     if len(floors):
         sections.append(
@@ -201,7 +206,14 @@ def engines_sections(tables: dict) -> list[Section]:
                     "if both models streamed their weights at the floor; the share is the measured median speedup "
                     "over the engine's own baseline ÷ that ideal."
                 ],
-                tables=[("Costs beside the floors", _ms(floors))],
+                tables=[
+                    (
+                        "Costs beside the floors",
+                        _ms(floors).drop(
+                            columns=["job"] if floors.get("job", pd.Series()).nunique() <= 1 and "job" in floors else []
+                        ),
+                    )
+                ],
             )
         )
     return sections
