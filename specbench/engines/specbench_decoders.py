@@ -76,7 +76,7 @@ register(
         baseline=AUTOREGRESSIVE,
         runtime=TORCH,
         open=open_speculative,
-        description="specbench's speculative decoder: the job's draft and draft-length policy, γ = gamma",
+        description="specbench's speculative decoder: the job's draft and policy, γ = gamma",
         costs=torch_costs,
     )
 )
