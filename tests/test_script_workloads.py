@@ -9,7 +9,7 @@ import pytest
 from specbench.bench.workloads import SPEC_BENCH_ENV, default_spec_bench_path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("bench_fast_path", "draft_agreement")
+SCRIPTS = ("draft_agreement",)
 
 
 def load_script(name: str):

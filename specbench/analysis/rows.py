@@ -3,8 +3,9 @@
 
 Conventions
 -----------
-* **Rows.** "Speculative rows" are round rows of any decoder but the plain baselines
-  (`BASELINES`) with ``gamma > 0``; "AR rows" are rows of ``decoder == "autoregressive"``.
+* **Rows.** "Speculative rows" are round rows of any engine but the plain ones
+  (`specbench.engines.is_baseline`) with ``gamma > 0``; "AR rows" are the timed rounds of a plain
+  engine (specbench's autoregressive decoding).
 * **γ of a row vs γ of a job.** Acceptance and E[N] are keyed by the *row's* ``gamma``
   (tokens actually drafted that round). Speedups are per *job*; a job's γ setting
   (``gamma_setting`` on round rows, ``gamma`` on request rows, see :func:`add_gamma_setting`)
@@ -22,7 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from specbench.decoding.records import AUTOREGRESSIVE, BASELINE_OF, BASELINES, SPECULATIVE
+from specbench.decoding.records import AUTOREGRESSIVE, SPECULATIVE
+from specbench.engines import baseline_of, has_timed_rounds, is_baseline
 
 # Keys that identify what an acceptance profile depends on (not hardware or batch).
 ACCEPTANCE_KEYS = ("target", "draft", "decoder", "workload", "sampling")
@@ -91,10 +93,15 @@ def decoder_column(df: pd.DataFrame) -> pd.Series:
 
 
 def baseline_column(df: pd.DataFrame) -> pd.Series:
-    """Per row, the plain decoder it is paired with: a baseline's own name, else `BASELINE_OF` its
-    decoder (specbench's autoregressive for decoders outside the map)."""
+    """Per row, the plain engine it is paired with (`Engine.baseline`; a plain engine's own name),
+    specbench's autoregressive for names no engine registers."""
     dec = decoder_column(df)
-    return dec.where(dec.isin(BASELINES), dec.map(BASELINE_OF).fillna(AUTOREGRESSIVE))
+    return dec.map(lambda name: baseline_of(name, AUTOREGRESSIVE)).astype(object)
+
+
+def plain_mask(df: pd.DataFrame) -> pd.Series:
+    """Rows of plain engines (each its own baseline: `specbench.engines.is_baseline`)."""
+    return decoder_column(df).map(is_baseline).astype(bool)
 
 
 def decode_phase(requests: pd.DataFrame, prefix: str = "") -> tuple[pd.Series, pd.Series]:
@@ -111,13 +118,19 @@ def decode_phase(requests: pd.DataFrame, prefix: str = "") -> tuple[pd.Series, p
 
 
 def spec_rows(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Round rows of speculative decoders (any decoder but the plain `BASELINES`) with gamma > 0."""
-    return rounds[~decoder_column(rounds).isin(BASELINES) & (rounds["gamma"] > 0)]
+    """Round rows of speculative engines (any but the plain ones) with gamma > 0."""
+    return rounds[~plain_mask(rounds) & (rounds["gamma"] > 0)]
+
+
+def ar_mask(df: pd.DataFrame) -> pd.Series:
+    """Rows of the plain engine whose rounds are timed: specbench's autoregressive baseline, the cost
+    model's and the tuner's reference (not transformers' or llama.cpp's plain decoding)."""
+    return plain_mask(df) & decoder_column(df).map(has_timed_rounds).astype(bool)
 
 
 def ar_rows(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Round rows of specbench's autoregressive baseline (the one whose rounds are timed)."""
-    return rounds[decoder_column(rounds) == AUTOREGRESSIVE]
+    """Round rows of specbench's autoregressive baseline (`ar_mask`)."""
+    return rounds[ar_mask(rounds)]
 
 
 def add_gamma_setting(rounds: pd.DataFrame, requests: pd.DataFrame | None = None):

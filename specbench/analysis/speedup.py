@@ -17,10 +17,18 @@ import numpy as np
 import pandas as pd
 
 from specbench.analysis.acceptance import AcceptanceProfile
-from specbench.analysis.rows import SETTING_KEYS, baseline_column, decode_phase, decoder_column, group_keys, iter_groups
+from specbench.analysis.rows import (
+    SETTING_KEYS,
+    baseline_column,
+    decode_phase,
+    decoder_column,
+    group_keys,
+    iter_groups,
+    plain_mask,
+)
 from specbench.analysis.stats import median_ci
 from specbench.analysis.timing import TimingProfile
-from specbench.decoding.records import BASELINES, SPECULATIVE
+from specbench.engines import ENGINES
 
 BASES = ("wall", "decode")
 _BATCH_ID = ("job", "decoder", "repeat", "batch")
@@ -143,7 +151,7 @@ def deploy_label(gamma: int, lo: float, hi: float) -> str:
 def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str | None = None) -> pd.DataFrame:
     """Pair each speculative request with the baseline request of the same job/prompt_id/repeat.
 
-    `baseline` None: each decoder's own engine's plain decoder (`BASELINE_OF`: specbench's
+    `baseline` None: each engine's baseline (`specbench.engines.Engine.baseline`: specbench's
     autoregressive for speculative and hf_assisted, llama.cpp's for llama_cpp). Otherwise the name of
     another decoder run in the same job (`extra_decoders`), e.g. 'hf_assisted' for specbench vs
     transformers; the "ar_" columns then hold that decoder's figures.
@@ -159,7 +167,7 @@ def paired_requests(requests: pd.DataFrame, basis: str = "wall", baseline: str |
     on = [c for c in ("job", "prompt_id", "repeat") if c in requests.columns]
     if not on:
         raise ValueError("requests need job/prompt_id/repeat columns to pair decoders")
-    plain = dec.isin(BASELINES)
+    plain = plain_mask(requests)
     sp = requests[~plain & (dec != baseline)]
     timed = [c for c in ("new_tokens", "wall_time", "ttft", "first_chunk_tokens") if c in requests.columns]
     if baseline is None:  # each decoder over its own engine's plain decoder
@@ -233,8 +241,9 @@ def head_to_head(requests: pd.DataFrame, by=None, *, basis: str = "wall", confid
     """Speculative decoders run in the same jobs (`extra_decoders`), divided by each other per prompt:
     `decoder` over `versus`, same prompts, seeds and interleaving, so no drift between jobs enters.
     Columns: `latency_speedup` table columns + `versus`; empty with fewer than two such decoders."""
-    # specbench's own decoder first: it is the numerator against every other
-    names = sorted(set(decoder_column(requests)) - set(BASELINES), key=lambda n: (n != SPECULATIVE, n))
+    # in registration order, specbench's own decoder first: it is the numerator against every other
+    order = ENGINES.names()
+    names = sorted(set(decoder_column(requests[~plain_mask(requests)])), key=lambda n: (order + [n]).index(n))
     frames = []
     for versus in names[1:]:
         table = latency_speedup(requests, by, basis=basis, confidence=confidence, baseline=versus)
@@ -276,7 +285,7 @@ def throughput_speedup(requests: pd.DataFrame, by=None, *, confidence: float = 0
     bt = batch_throughput(requests)
     on = [c for c in ("job", "repeat", "batch") if c in bt.columns]
     bt = bt.assign(_baseline=baseline_column(bt))
-    plain = bt["decoder"].isin(BASELINES)
+    plain = plain_mask(bt)
     sp, ar = bt[~plain], bt[plain][on + ["tokens", "wall", "tok_s", "_baseline"]]
     pairs = sp.merge(
         ar.rename(columns={"tokens": "ar_tokens", "wall": "ar_wall", "tok_s": "ar_batch_tok_s"}),

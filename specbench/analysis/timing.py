@@ -28,7 +28,8 @@ from specbench.analysis.rows import (
     round_level,
     spec_rows,
 )
-from specbench.decoding.records import LLAMA_CPP, LLAMA_CT_COLUMNS
+from specbench.decoding.records import LLAMA_CT_COLUMNS
+from specbench.engines import has_timed_rounds
 from specbench.analysis.stats import eval_monotone_curve, fit_monotone_curve, linear_fit, robust_lstsq, within_slope
 
 # Columns of a C_t(k) micro-benchmark row that select the timing setting it belongs to.
@@ -142,7 +143,7 @@ class TimingProfile(JsonFile):
                 )
             if len(vals) == 1:
                 keys[k] = native(vals[0])
-        if keys.get("decoder") == LLAMA_CPP:  # its rounds are not timed: its own llama-bench rows instead
+        if "decoder" in keys and not has_timed_rounds(keys["decoder"]):  # llama.cpp: its llama-bench rows instead
             return cls.from_llama_bench(ct, keys, n_rounds=len(round_level(sp)))
         rs = full_batch(round_level(sp)) if len(sp) else round_level(sp)
         ra = full_batch(round_level(ar)) if len(ar) else round_level(ar)

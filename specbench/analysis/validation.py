@@ -11,9 +11,9 @@ from specbench.analysis.acceptance import AcceptanceProfile
 from specbench.analysis.rows import (
     SETTING_KEYS,
     add_gamma_setting,
-    decoder_column,
     iter_groups,
     match_rows,
+    plain_mask,
     round_level,
     setting_keys,
     setting_rows,
@@ -21,7 +21,6 @@ from specbench.analysis.rows import (
 )
 from specbench.analysis.speedup import latency_speedup, optimal_gamma, predict_speedup
 from specbench.analysis.timing import TimingProfile
-from specbench.decoding.records import BASELINES
 
 _MEASURED = ["latency_speedup", "latency_speedup_lo", "latency_speedup_hi", "n_prompts"]
 
@@ -40,7 +39,7 @@ def fit_setting_profiles(
 
 
 def _speculative_requests(requests: pd.DataFrame, keys: dict) -> pd.DataFrame:
-    return requests[~decoder_column(requests).isin(BASELINES) & match_rows(requests, keys)]
+    return requests[~plain_mask(requests) & match_rows(requests, keys)]
 
 
 def decode_budget(requests: pd.DataFrame, keys: dict) -> int | None:

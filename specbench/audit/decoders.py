@@ -18,18 +18,39 @@ from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.policies import POLICIES
+from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE, SPECULATIVE
 from specbench.decoding.sampling import SamplingConfig, TokenContext
+from specbench.engines import SERVER, runs_in
 
-# speculative:<path>: specbench's decoder on the fast path (`specbench.decoding.forward`; compiled: inductor default)
-DECODER_NAMES = ("speculative", "speculative:static", "speculative:compiled", "autoregressive", "hf_assisted")
-# llama.cpp's, run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding)
-LLAMA_CPP_AUDIT_DECODERS = ("llama_cpp", "llama_cpp:probabilistic", "llama_cpp_autoregressive")
+# The engines the audit samples from (`specbench.engines`), each with the `:<variant>`s it takes ("" = none):
+# speculative:<path>: specbench's decoder on the fast path (`specbench.decoding.forward`; compiled: inductor
+# default); llama.cpp's run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding).
+AUDITED = {
+    SPECULATIVE: ("", "static", "compiled"),
+    AUTOREGRESSIVE: ("",),
+    HF_ASSISTED: ("",),
+    LLAMA_CPP: ("", "probabilistic"),
+    LLAMA_CPP_AUTOREGRESSIVE: ("",),
+}
+# Audit-only names: the speculative decoder broken on purpose, or under a draft-length policy.
+BROKEN, POLICY = "broken", "policy"
+# Where `@<value>` is an engine's own draft-length policy: hf_assisted's assistant_confidence_threshold,
+# llama.cpp probabilistic drafting's --spec-draft-p-min.
+WITH_AT = {(HF_ASSISTED, ""): "<assistant_confidence_threshold>", (LLAMA_CPP, "probabilistic"): "<--spec-draft-p-min>"}
+DECODER_NAMES = tuple(f"{e}:{v}" if v else e for e, variants in AUDITED.items() for v in variants)
 DECODER_CHOICES = (
-    " | ".join(DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS)
-    + " | broken:<variant> | policy:<draft policy>[@tau] | hf_assisted@<assistant_confidence_threshold>"
-    + " | llama_cpp:probabilistic@<--spec-draft-p-min>"
+    " | ".join(DECODER_NAMES)
+    + f" | {BROKEN}:<variant> | {POLICY}:<draft policy>[@tau] | "
+    + " | ".join(f"{e}{':' + v if v else ''}@{what}" for (e, v), what in WITH_AT.items())
 )
 POLICY_TAU = 0.3  # policy:<name> without @tau
+
+
+def split_name(name: str) -> tuple[str, str, str]:
+    """'llama_cpp:probabilistic@0.5' -> ('llama_cpp', 'probabilistic', '0.5'); 'hf_assisted' -> ('hf_assisted', '', '')."""
+    head, _, at = name.partition("@")
+    base, _, variant = head.partition(":")
+    return base, variant, at
 
 
 def policy_spec(name: str) -> tuple[str, float]:
@@ -135,9 +156,9 @@ def speculative_decoder(
         )
         return result.tokens
 
-    name = f"broken:{variant}" if variant else "speculative" if forward == "eager" else f"speculative:{forward}"
+    name = f"{BROKEN}:{variant}" if variant else SPECULATIVE if forward == "eager" else f"{SPECULATIVE}:{forward}"
     if policy != "fixed":
-        name = f"policy:{policy}" + (f"@{tau:g}" if POLICIES.get(policy).reads_confidence else "")
+        name = f"{POLICY}:{policy}" + (f"@{tau:g}" if POLICIES.get(policy).reads_confidence else "")
     return DecoderUnderTest(name, _batched(run, batch_size), gamma, first_speculative_token=2)
 
 
@@ -156,7 +177,7 @@ def autoregressive_decoder(
             lm_class(target_model), prompts, sampling, tokens, set(eos_token_ids), generator
         ).tokens
 
-    return DecoderUnderTest("autoregressive", _batched(run, batch_size), None, first_speculative_token=0)
+    return DecoderUnderTest(AUTOREGRESSIVE, _batched(run, batch_size), None, first_speculative_token=0)
 
 
 def hf_assisted_decoder(
@@ -192,13 +213,14 @@ def hf_assisted_decoder(
             rows.append(result.tokens[0])
         return pad_rows(rows, tokens)
 
-    name = f"hf_assisted@{confidence_threshold:g}" if confidence_threshold else "hf_assisted"
+    name = f"{HF_ASSISTED}@{confidence_threshold:g}" if confidence_threshold else HF_ASSISTED
     return DecoderUnderTest(name, sample, gamma, first_speculative_token=1)
 
 
 def is_llama_cpp(name: str) -> bool:
     """A decoder the audit runs as llama-server requests (`specbench.audit.llama_cpp`)."""
-    return name in LLAMA_CPP_AUDIT_DECODERS or name.startswith("llama_cpp:probabilistic@")
+    base, variant, _ = split_name(name)
+    return base in AUDITED and variant in AUDITED[base] and runs_in(base, SERVER)
 
 
 def llama_cpp_p_min(name: str) -> float:
@@ -217,33 +239,39 @@ def llama_cpp_p_min(name: str) -> float:
 
 def check_decoder_name(name: str) -> None:
     """A ValueError naming the choices unless `name` is a decoder the audit can build."""
-    if name.startswith("broken:"):
-        get_variant(name.removeprefix("broken:"))
-    elif name.startswith("policy:"):
+    base, variant, at = split_name(name)
+    if base == BROKEN:
+        get_variant(name.removeprefix(f"{BROKEN}:"))
+    elif base == POLICY:
         policy_spec(name)
-    elif name.startswith("hf_assisted@"):
-        policy_spec("policy:confidence_stop@" + name.partition("@")[2])
-    elif name.startswith("llama_cpp:probabilistic@"):
-        llama_cpp_p_min(name)
-    elif name not in DECODER_NAMES + LLAMA_CPP_AUDIT_DECODERS:
+    elif base in AUDITED and variant in AUDITED[base] and (not at or (base, variant) in WITH_AT):
+        if at and runs_in(base, SERVER):
+            llama_cpp_p_min(name)
+        elif at:
+            policy_spec(f"{POLICY}:confidence_stop@{at}")
+    else:
         raise ValueError(f"audit.decoder={name!r}: must be {DECODER_CHOICES}")
 
 
 def make_decoder(
     name: str, target, draft, gamma: int, sampling: SamplingConfig, eos: set[int], settings: AuditSettings
 ) -> DecoderUnderTest:
-    """The decoder under test called `name` (see `DECODER_CHOICES`)."""
+    """The decoder under test called `name` (see `DECODER_CHOICES`; llama.cpp's: `specbench.audit.llama_cpp`)."""
     check_decoder_name(name)
-    if name.startswith("speculative"):
-        forward = name.partition(":")[2] or "eager"
-        return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, forward=forward)
-    if name == "autoregressive":
-        return autoregressive_decoder(target, sampling, eos, settings.batch_size)
-    if name.startswith("hf_assisted"):  # hf_assisted@tau: with its assistant_confidence_threshold
-        return hf_assisted_decoder(target, draft, gamma, sampling, eos, float(name.partition("@")[2] or 0.0))
-    if name.startswith("policy:"):
+    base, variant, at = split_name(name)
+    if base == POLICY:
         policy, tau = policy_spec(name)
         return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, policy=policy, tau=tau)
-    return speculative_decoder(
-        target, draft, gamma, sampling, eos, settings.batch_size, variant=name.removeprefix("broken:")
-    )
+    if base == BROKEN:
+        return speculative_decoder(target, draft, gamma, sampling, eos, settings.batch_size, variant=variant)
+    builders = {
+        SPECULATIVE: lambda: speculative_decoder(
+            target, draft, gamma, sampling, eos, settings.batch_size, forward=variant or "eager"
+        ),
+        AUTOREGRESSIVE: lambda: autoregressive_decoder(target, sampling, eos, settings.batch_size),
+        # hf_assisted@tau: with its assistant_confidence_threshold
+        HF_ASSISTED: lambda: hf_assisted_decoder(target, draft, gamma, sampling, eos, float(at or 0.0)),
+    }
+    if base not in builders:
+        raise ValueError(f"audit.decoder={name!r}: a llama-server decoder, run by specbench.audit.llama_cpp")
+    return builders[base]()

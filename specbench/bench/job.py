@@ -20,8 +20,6 @@ from specbench.bench.memory import PeakMemory
 from specbench.bench.protocol import (
     EncodedPrompt,
     batches_of,
-    bench_ct,
-    bench_floor,
     decoders,
     job_keys,
     measure_batch,
@@ -31,8 +29,8 @@ from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for, check_context
-from specbench.decoding.records import HF_ASSISTED, LLAMA_CPP_DECODERS
-from specbench.llama_cpp.servers import JobServers, bench_llama_ct
+from specbench.engines import ENGINES, SERVER, open_engines, runs_in
+from specbench.llama_cpp.servers import llama_threads
 from specbench.models import choices
 from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, device_refusal, draft_class, resolve_kind, takes_decode_kv
 from specbench.models.kernels import linear_kernels
@@ -140,7 +138,7 @@ def auto_choices_record(cfg: Config) -> dict:
             **choices.record(),
             "draft_kind": {
                 "kind": cfg.draft.kind,
-                "auto": resolve_kind(AUTO, cfg.pair.device, HF_ASSISTED in cfg.all_decoders, cfg.pair.dtype),
+                "auto": resolve_kind(AUTO, cfg.pair.device, cfg.needs_draft_model, cfg.pair.dtype),
                 "cpu_class": draft_class(cfg.pair.device, cfg.pair.dtype),
             },
         }
@@ -202,30 +200,31 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str, claim: dict) -> None:
     runstore.write_text(job_dir, "config.yaml", resolved_yaml)
     runstore.write_json(job_dir, "env", environment_record())
     texts = check_workload(cfg)  # before the models load: a bad workload fails in milliseconds
+    names = decoders(cfg)
+    for name in names:  # e.g. llama.cpp's binaries, named with their build command
+        ENGINES.get(name).preflight(cfg)
     pair = load_pair(cfg.pair, cfg.draft)
     prompts = encode_workload(cfg, pair, texts)
     compile_seconds = set_forward_path(cfg, pair, prompts)
     keys = job_keys(cfg, pair)
-    names = decoders(cfg)
     batches = batches_of(prompts, cfg.batch_size)
 
     rounds, requests = [], []
     telemetry = JobTelemetry(str(pair.target.device))
     steps = [(r, i) for r in range(cfg.repeats) for i in range(len(batches))]
-    with JobServers(cfg, names) as servers, PeakMemory(pair.target.device) as peak:
-        warm_up(cfg, pair, names, batches, servers)
+    with open_engines(cfg, pair, names) as sessions, PeakMemory(pair.target.device) as peak:
+        warm_up(cfg, pair, names, batches, sessions)
         for repeat, i in tqdm(steps, desc=f"{job_dir.name or 'job'}", unit="batch", leave=False):
-            rd, qd = measure_batch(cfg, pair, keys, names, i, batches[i], repeat, telemetry, servers)
+            rd, qd = measure_batch(cfg, pair, keys, names, i, batches[i], repeat, telemetry, sessions)
             rounds.append(rd)
             requests.append(qd)
     new_shapes = pair.forward.new_shapes(pair.target, pair.draft_model)  # before C_t(k) meets its own ks
     runstore.write_table(job_dir, "rounds", pd.concat(rounds, ignore_index=True))
     runstore.write_table(job_dir, "requests", pd.concat(requests, ignore_index=True).assign(**peak.record))
-    if cfg.ct_bench and any(n not in LLAMA_CPP_DECODERS for n in names):  # torch decoders: their costs
-        runstore.write_table(job_dir, "ct", bench_ct(cfg, pair, keys, prompts, CT_KS))
-        runstore.write_table(job_dir, "floor", bench_floor(pair, keys))
-    if cfg.ct_bench and servers.names:
-        runstore.write_table(job_dir, "llama_ct", bench_llama_ct(cfg, keys, prompts, CT_KS, servers.specs))
+    if cfg.ct_bench:  # each engine family's costs once (torch: C_t(k) and the floor; llama.cpp: llama-bench)
+        for costs in dict.fromkeys(ENGINES.get(n).costs for n in names if ENGINES.get(n).costs):
+            for table, rows in costs(cfg, pair, keys, prompts, CT_KS).items():
+                runstore.write_table(job_dir, table, rows)
     meta = telemetry.write(job_dir)
     runstore.mark_done(
         job_dir,
@@ -235,6 +234,10 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str, claim: dict) -> None:
             | machine_record(cfg.pair.device, cfg.forward.path, cfg.pair.dtype),
             "claim": claim,
             "prompts": len(prompts),
+            "engines": names,
+            # threads the job ran with: torch's in this process, llama.cpp's servers' (-t) when it ran them
+            "threads": {"torch": torch.get_num_threads(), "setting": cfg.threads}
+            | ({"llama_cpp": llama_threads(cfg)} if any(runs_in(n, SERVER) for n in names) else {}),
             "batches": len(batches),
             "repeats": cfg.repeats,
             "telemetry": meta,

@@ -17,33 +17,19 @@ import functools
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
 
+from specbench.bench.costs import CT_KEYS, bench_ct, bench_floor  # noqa: F401  (the protocol's cost rows)
 from specbench.bench.envinfo import hardware_label
-from specbench.bench.microbench import bench_target_forward, bench_weight_stream, streamed_weight_bytes
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
-from specbench.decoding.decoder import DecodeResult, autoregressive_decode, speculative_decode
-from specbench.decoding.forward import target_ks
-from specbench.decoding.policies import POLICIES
-from specbench.decoding.records import (
-    AUTOREGRESSIVE,
-    BASELINE_OF,
-    BASELINES,
-    HF_ASSISTED,
-    LLAMA_CPP,
-    LLAMA_CPP_DECODERS,
-    REQUEST_COLUMNS,
-    ROUND_COLUMNS,
-    to_frame,
-)
-from specbench.decoding.timing import PhaseTimer
+from specbench.decoding.decoder import DecodeResult
+from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
+from specbench.engines import ENGINES, Session, engine, open_engines
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.models.pair import Pair
 
 SEED_STRIDE = 1_000_003  # seed step between repeats: batches of different repeats never share a seed
 WARMUP_TOKENS = 16
-CT_KEYS = ("hardware", "dtype", "forward", "target", "pair", "shape_only")  # what the cost model matches C_t(k) rows on
 
 
 @dataclass
@@ -66,29 +52,22 @@ def batch_seed(seed: int, repeat: int, batch: int) -> int:
 
 
 def decoders(cfg: Config, baseline: bool | None = None) -> list[str]:
-    """Decoders a job runs, baselines first: each engine's plain decoder (`BASELINE_OF`: specbench's
+    """Engines a job runs, baselines first: each engine's baseline (`Engine.baseline`: specbench's
     autoregressive for speculative and hf_assisted, llama.cpp's for llama_cpp), then cfg.decoder and
-    *cfg.extra_decoders (without the baselines when `baseline` is off).
+    *cfg.extra_decoders (without the baselines when `baseline` is off; a plain engine listed there runs anyway).
 
-    γ = 0 is "speculation off": the plain decoders alone (a speedup over itself is 1 by definition).
+    γ = 0 is "speculation off": the plain engines alone (a speedup over itself is 1 by definition).
     """
-    bases = list(dict.fromkeys(BASELINE_OF[d] for d in cfg.all_decoders))
+    bases = list(dict.fromkeys(engine(d).baseline for d in cfg.all_decoders))
     if cfg.gamma == 0:
         return bases
     with_ar = cfg.baseline if baseline is None else baseline
-    return [*bases, *cfg.all_decoders] if with_ar else cfg.all_decoders
+    return list(dict.fromkeys([*bases, *cfg.all_decoders])) if with_ar else cfg.all_decoders
 
 
 def decoder_keys(cfg: Config, name: str) -> dict:
-    """Job keys that differ for one decoder: llama.cpp's rows name its GGUF types, not the torch pair's."""
-    if name not in LLAMA_CPP_DECODERS:
-        return {}
-    lc = cfg.llama_cpp
-    keys = {"dtype": lc.row_dtype}
-    if name == LLAMA_CPP:
-        # draft_kind: the DRAFT_KINDS name of what llama.cpp drafts with (a model, or n-gram lookup)
-        keys |= {"draft": lc.row_draft, "draft_kind": "ngram" if lc.draft_is_ngram else "model"}
-    return keys
+    """Job keys that differ for one engine (`Engine.row_keys`: llama.cpp's rows name its GGUF types)."""
+    return engine(name).row_keys(cfg)
 
 
 def decoder_order(names: list[str], repeat: int, batch: int) -> list[str]:
@@ -138,50 +117,29 @@ def label_rows(df: pd.DataFrame, batch: list[EncodedPrompt], keys: dict, extra: 
 
 
 def decode_batch(
-    cfg: Config, pair: Pair, decoder: str, ids: list[list[int]], seed: int, max_new_tokens: int, servers=None
+    cfg: Config, pair: Pair, decoder: str, ids: list[list[int]], seed: int, max_new_tokens: int, sessions=None
 ) -> DecodeResult:
-    """One batch with one decoder; every decoder gets the same seed for the same batch.
-    `servers`: the job's running llama-servers (`specbench.llama_cpp.servers.JobServers`)."""
-    sampling = cfg.sampling.build()
-    if decoder in LLAMA_CPP_DECODERS:
-        from specbench.llama_cpp.decoder import llama_cpp_decode
-
-        if servers is None:
-            raise ValueError(f"decoder={decoder!r} needs the job's llama-servers (JobServers)")
-        return llama_cpp_decode(servers[decoder], ids, sampling, max_new_tokens, seed)
-    generator = torch.Generator(device=pair.target.device).manual_seed(seed)
-    timer = PhaseTimer(pair.target.device)
-    if decoder == AUTOREGRESSIVE:
-        return autoregressive_decode(pair.target_lm(), ids, sampling, max_new_tokens, pair.eos, generator, timer)
-    if decoder == HF_ASSISTED:
-        from specbench.decoding.hf_assisted import hf_assisted_decode  # transformers' generate: loaded on use
-
-        return hf_assisted_decode(
-            pair.target, pair.draft_model, ids, cfg.gamma, sampling, max_new_tokens, pair.eos, seed, timer
-        )
-    return speculative_decode(
-        pair.target_lm(),
-        pair.new_draft(),
-        ids,
-        cfg.gamma,
-        sampling,
-        max_new_tokens,
-        pair.eos,
-        generator,
-        timer,
-        policy=POLICIES.get(cfg.draft.policy, "draft.policy"),
-        tau=cfg.draft.tau,
-    )
+    """One batch with one engine; every engine gets the same seed for the same batch.
+    `sessions`: the job's open engines (`specbench.engines.open_engines`); None: opened for this call."""
+    if sessions is None:
+        with open_engines(cfg, pair, [decoder]) as opened:
+            return opened[decoder].decode(ids, seed, max_new_tokens)
+    return sessions[decoder].decode(ids, seed, max_new_tokens)
 
 
-def warm_up(cfg: Config, pair: Pair, names: list[str], batches: list[list[EncodedPrompt]], servers=None) -> float:
-    """Decode the first `cfg.warmup` batches with every decoder (allocator, kernels, caches); never
+def warm_up(
+    cfg: Config, pair: Pair, names: list[str], batches: list[list[EncodedPrompt]], sessions: dict | None = None
+) -> float:
+    """Decode the first `cfg.warmup` batches with every engine (allocator, kernels, caches); never
     recorded. Returns the seconds it took (Σ batch walls)."""
+    if sessions is None:
+        with open_engines(cfg, pair, names) as opened:
+            return warm_up(cfg, pair, names, batches, opened)
     seconds = 0.0
     for b in batches[: cfg.warmup]:
         for name in names:
             tokens = min(WARMUP_TOKENS, cfg.max_new_tokens)
-            r = decode_batch(cfg, pair, name, [p.ids for p in b], cfg.seed, tokens, servers)
+            r = decode_batch(cfg, pair, name, [p.ids for p in b], cfg.seed, tokens, sessions)
             seconds += max((q.wall_time for q in r.requests), default=0.0)
     return seconds
 
@@ -195,45 +153,25 @@ def measure_batch(
     batch: list[EncodedPrompt],
     repeat: int,
     telemetry: JobTelemetry,
-    servers=None,
+    sessions: dict[str, Session] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One measured (repeat, batch): every decoder in alternating order, same seed, under telemetry.
+    """One measured (repeat, batch): every engine in alternating order, same seed, under telemetry.
     Returns labelled (round rows, request rows)."""
+    if sessions is None:
+        with open_engines(cfg, pair, names) as opened:
+            return measure_batch(cfg, pair, keys, names, index, batch, repeat, telemetry, opened)
     seed = batch_seed(cfg.seed, repeat, index)
     ids = [p.ids for p in batch]
     rounds, requests = [], []
     for name in decoder_order(names, repeat, index):
         result = telemetry.run(
-            functools.partial(decode_batch, cfg, pair, name, ids, seed, cfg.max_new_tokens, servers),
+            functools.partial(decode_batch, cfg, pair, name, ids, seed, cfg.max_new_tokens, sessions),
             decoder=name,
             repeat=repeat,
             batch=index,
         )
-        gamma = 0 if name in BASELINES else cfg.gamma
+        gamma = cfg.gamma if ENGINES.get(name).speculative else 0
         extra = {**decoder_keys(cfg, name), "decoder": name, "repeat": repeat, "batch": index, "gamma": gamma}
         rounds.append(label_rows(to_frame(result.rounds, ROUND_COLUMNS), batch, keys, extra))
         requests.append(label_rows(to_frame(result.requests, REQUEST_COLUMNS), batch, keys, extra))
     return pd.concat(rounds, ignore_index=True), pd.concat(requests, ignore_index=True)
-
-
-def bench_ct(cfg: Config, pair: Pair, keys: dict, prompts: list[EncodedPrompt], ks: range) -> pd.DataFrame:
-    """C_t(k) rows at the job's batch size and the prompts' mean length, labelled with `CT_KEYS`."""
-    context = int(sum(len(p.ids) for p in prompts) / max(1, len(prompts)))
-    if pair.forward.mode is not None:  # only the shapes the job compiled: a new k would compile here
-        ks = target_ks(cfg.gamma)
-    lm = pair.target_lm()
-    ct = pd.DataFrame(bench_target_forward(pair.target, cfg.batch_size, ks, context, seed=cfg.seed, lm=lm))
-    for k in CT_KEYS:
-        ct[k] = keys[k]
-    return ct
-
-
-def bench_floor(pair: Pair, keys: dict) -> pd.DataFrame:
-    """Streaming-bandwidth probe rows with the target's and the draft's weight bytes (the hardware
-    floor of a decode step: `specbench.analysis.floor.hardware_limit`), labelled with `CT_KEYS` + draft."""
-    floor = pd.DataFrame(bench_weight_stream(pair.target.dtype, pair.target.device))
-    floor["target_weight_bytes"] = streamed_weight_bytes(pair.target)
-    floor["draft_weight_bytes"] = streamed_weight_bytes(pair.draft_model)
-    for k in (*CT_KEYS, "draft"):
-        floor[k] = keys[k]
-    return floor

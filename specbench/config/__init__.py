@@ -32,8 +32,8 @@ from specbench.config.components import (
 )
 from specbench.config.llama_cpp import LlamaCppConfig
 from specbench.config.tune import TuneConfig
-from specbench.decoding.records import HF_ASSISTED, LLAMA_CPP, SPECULATIVE, SPECULATIVE_DECODERS
-from specbench.llama_cpp.options import check_sampling as check_llama_cpp_sampling
+from specbench.decoding.records import SPECULATIVE
+from specbench.engines import ENGINES, speculative_names
 from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, resolve_kind
 
 __all__ = [
@@ -63,9 +63,9 @@ class Config:
     draft: DraftConfig = field(default_factory=DraftConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
-    decoder: str = SPECULATIVE  # speculative (specbench's) | hf_assisted (transformers') | llama_cpp
-    # More decoders interleaved in the same job (same prompts, seeds, alternating order): a fair
-    # comparison between decoders, free of the drift between jobs. E.g. [hf_assisted].
+    decoder: str = SPECULATIVE  # a speculative engine (specbench.engines): speculative | hf_assisted | llama_cpp
+    # More engines interleaved in the same job (same prompts, seeds, alternating order): a fair comparison
+    # between engines, free of the drift between jobs. E.g. [hf_assisted]; plain engines too (hf_generate).
     extra_decoders: list[str] = field(default_factory=list)
     gamma: int = 4
     batch_size: int = 1
@@ -85,16 +85,16 @@ class Config:
     forward: ForwardConfig = field(default_factory=ForwardConfig)  # eager reference or the static/compiled fast path
 
     def __post_init__(self) -> None:
-        if self.draft.kind == AUTO:
-            self.draft.kind = resolve_kind(
-                AUTO, self.pair.device, needs_model=HF_ASSISTED in self.all_decoders, dtype=self.pair.dtype
-            )
-            self.draft.__post_init__()
-        choice("decoder", self.decoder, SPECULATIVE_DECODERS)
+        choice("decoder", self.decoder, speculative_names())
         for name in self.extra_decoders:
-            choice("extra_decoders[]", name, SPECULATIVE_DECODERS)
+            choice("extra_decoders[]", name, ENGINES.names())
         if len(set(self.all_decoders)) != len(self.all_decoders):
             raise ValueError(f"extra_decoders={list(self.extra_decoders)}: repeats decoder={self.decoder!r} or itself")
+        if self.draft.kind == AUTO:
+            self.draft.kind = resolve_kind(
+                AUTO, self.pair.device, needs_model=self.needs_draft_model, dtype=self.pair.dtype
+            )
+            self.draft.__post_init__()
         at_least("gamma", self.gamma, 0)  # 0: speculation off (the plain decoder alone, through the same protocol)
         at_least("batch_size", self.batch_size, 1)
         at_least("max_new_tokens", self.max_new_tokens, 1)
@@ -109,8 +109,6 @@ class Config:
                 f"{self.workload.n_prompts} prompts, so no batch of that size would run; lower batch_size or raise "
                 "workload.n_prompts"
             )
-        if HF_ASSISTED in self.all_decoders and self.batch_size != 1:
-            raise ValueError(f"batch_size={self.batch_size}: decoder='hf_assisted' supports batch_size=1 only")
         kind = DRAFT_KINDS.get(self.draft.kind, "draft.kind")
         if kind.uses_pair_draft and not (self.pair.draft.source or self.pair.draft.shape):
             others = [k for k in DRAFT_KINDS.names() if not DRAFT_KINDS.get(k).uses_pair_draft]
@@ -118,31 +116,31 @@ class Config:
                 f"draft.kind={self.draft.kind!r} needs pair.draft.source (or pair.draft.shape); pair {self.pair.name!r} "
                 f"has none. Pick draft={' or draft='.join(others)}, or a pair with a draft model"
             )
-        if HF_ASSISTED in self.all_decoders and not kind.has_model:
-            with_model = [k for k in DRAFT_KINDS.names() if DRAFT_KINDS.get(k).has_model]
-            raise ValueError(
-                f"draft.kind={self.draft.kind!r} with decoder='hf_assisted': transformers' assisted "
-                f"generation needs a draft model; use draft={' or draft='.join(with_model)}"
-            )
-        if HF_ASSISTED in self.all_decoders:
-            from specbench.decoding.hf_assisted import check_sampling
-
-            check_sampling(self.sampling.build(), set())  # settings transformers cannot apply
-        if LLAMA_CPP in self.all_decoders:
-            self._check_llama_cpp()
+        self._check_engines(kind.has_model)
         self.tune.check(self)
 
-    def _check_llama_cpp(self) -> None:
-        if self.batch_size != 1:
-            raise ValueError(f"batch_size={self.batch_size}: decoder='llama_cpp' supports batch_size=1 only")
-        if self.pair.target.source != "embedded" or self.pair.target.shape:
-            raise ValueError(
-                f"pair.target.source={self.pair.target.source!r}: decoder='llama_cpp' runs GGUF copies of the "
-                "embedded model; use pair=embedded"
-            )
-        if self.tune.enabled:
-            raise ValueError("tune.enabled=true with decoder='llama_cpp': the tuner measures specbench's decoders only")
-        check_llama_cpp_sampling(self.sampling.build())
+    def _check_engines(self, draft_has_model: bool) -> None:
+        """Each engine's limits (`specbench.engines.Engine`), named with the engine."""
+        for name in self.all_decoders:
+            engine = ENGINES.get(name)
+            if engine.batch_one and self.batch_size != 1:
+                raise ValueError(f"batch_size={self.batch_size}: decoder={name!r} supports batch_size=1 only")
+            if engine.needs_draft_model and not draft_has_model:
+                with_model = [k for k in DRAFT_KINDS.names() if DRAFT_KINDS.get(k).has_model]
+                raise ValueError(
+                    f"draft.kind={self.draft.kind!r} with decoder={name!r}: it needs a draft model; "
+                    f"use draft={' or draft='.join(with_model)}"
+                )
+            if self.tune.enabled and not engine.tunable:
+                raise ValueError(
+                    f"tune.enabled=true with decoder={name!r}: the tuner measures specbench's engines only"
+                )
+            engine.check(self)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Whether an engine of the job refuses model-free drafts (draft=auto then picks a model draft)."""
+        return any(ENGINES.get(n).needs_draft_model for n in self.all_decoders if n in ENGINES)
 
     @property
     def all_decoders(self) -> list[str]:

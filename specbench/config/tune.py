@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 from specbench.config.checks import at_least
 from specbench.decoding.policies import POLICIES
-from specbench.decoding.records import HF_ASSISTED
+from specbench.engines import ENGINES
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.samplers import SAMPLERS
@@ -102,9 +102,9 @@ class TuneConfig:
                 f"extra_decoders={list(cfg.extra_decoders)}: a tuning study measures one decoder "
                 "(set decoder=...), not a comparison"
             )
-        if cfg.decoder == HF_ASSISTED and any(b != 1 for b in self.batch_size_list(cfg)):
+        if ENGINES.get(cfg.decoder).batch_one and any(b != 1 for b in self.batch_size_list(cfg)):
             raise ValueError(
-                f"tune.batch_sizes={self.batch_size_list(cfg)!r}: decoder='hf_assisted' supports batch size 1 only"
+                f"tune.batch_sizes={self.batch_size_list(cfg)!r}: decoder={cfg.decoder!r} supports batch size 1 only"
             )
 
     def draft_kinds(self, cfg: Config) -> list[str]:

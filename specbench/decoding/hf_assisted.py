@@ -78,7 +78,7 @@ _SAMPLING_KEYS = (
 )
 
 
-class _FirstTokenMark(BaseStreamer):
+class FirstTokenMark(BaseStreamer):
     """`generate` puts the prompt first, then each round's new tokens: mark the first of those."""
 
     def __init__(self, timer: PhaseTimer) -> None:
@@ -188,7 +188,7 @@ def hf_assisted_decode(
     saved = {key: getattr(assistant_config, key, None) for key in assistant_settings}
     forwards = [0]
     hook = target_model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-    streamer = _FirstTokenMark(timer)
+    streamer = FirstTokenMark(timer)
     input_ids = torch.tensor([prompt], device=target_model.device)
     try:
         for key, value in assistant_settings.items():

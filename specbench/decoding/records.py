@@ -22,17 +22,14 @@ from dataclasses import asdict, dataclass, field, fields
 
 import pandas as pd
 
-# Decoder names as they appear in the `decoder` column.
+# Decoder names as they appear in the `decoder` column: the engines of `specbench.engines` register
+# under them (each with its baseline, runtime and limits); nothing else compares them.
 SPECULATIVE = "speculative"
 AUTOREGRESSIVE = "autoregressive"
 HF_ASSISTED = "hf_assisted"
+HF_GENERATE = "hf_generate"  # transformers' generate() on the target alone
 LLAMA_CPP = "llama_cpp"  # llama.cpp's llama-server with a draft (specbench.llama_cpp)
 LLAMA_CPP_AUTOREGRESSIVE = "llama_cpp_autoregressive"  # the same server binary without one
-SPECULATIVE_DECODERS = (SPECULATIVE, HF_ASSISTED, LLAMA_CPP)  # the choices of the config's `decoder`
-# Each speculative decoder's speedup is over its own engine's plain decoding, run in the same job.
-BASELINE_OF = {SPECULATIVE: AUTOREGRESSIVE, HF_ASSISTED: AUTOREGRESSIVE, LLAMA_CPP: LLAMA_CPP_AUTOREGRESSIVE}
-BASELINES = (AUTOREGRESSIVE, LLAMA_CPP_AUTOREGRESSIVE)
-LLAMA_CPP_DECODERS = (LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP)  # served by llama-server, not by torch
 
 # How the one extra token of a round was produced.
 RECOVERED = "recovered"  # sampled from the residual (p - q)+ at the first rejection

@@ -18,6 +18,7 @@ from pathlib import Path
 from specbench.decoding.records import SPECULATIVE
 from specbench.deploy.policy_knobs import llama_cpp_p_min, no_knob, transformers_fields
 from specbench.deploy.schedule import OFF, Range, Schedule
+from specbench.engines import ENGINES as DECODING_ENGINES  # the decoders measured (this module's ENGINES: writers)
 from specbench.llama_cpp.options import amx_repack_flags, speculative_flags
 from specbench.models.draft_kinds import DRAFT_KINDS
 from specbench.registry import Registry
@@ -69,7 +70,8 @@ class DeployContext:
 
 def provenance(schedule: Schedule, ctx: DeployContext) -> list[str]:
     """The caveat every engine file carries: where γ comes from, what moves between engines, what does not."""
-    decoder = "specbench's own decoder" if ctx.decoder == SPECULATIVE else f"the {ctx.decoder} decoder run by specbench"
+    known = ctx.decoder in DECODING_ENGINES
+    decoder = f"{DECODING_ENGINES.get(ctx.decoder).description if known else ctx.decoder} (decoder={ctx.decoder!r})"
     plan = "; ".join(f"batch {r.label()}: " + ("off" if r.gamma == OFF else f"γ={r.gamma}") for r in schedule.ranges)
     return [
         f"γ schedule from specbench ({schedule.metric} speedup, paired against plain decoding): {plan}.",

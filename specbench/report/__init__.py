@@ -15,6 +15,7 @@ import pandas as pd
 
 from specbench.deploy.plan import write_deployment
 from specbench.report.data import ReportData, report_meta
+from specbench.report.engines_view import engines_sections, engines_tables
 from specbench.report.jobs import jobs_section, left_out_jobs
 from specbench.report.render import render_html, render_md
 from specbench.report.sections import build_sections, save_png
@@ -93,9 +94,11 @@ def build_report(
     deploy = []
     if data.schedules:  # engine files follow the first metric's schedule (throughput)
         deploy = write_deployment(next(iter(data.schedules.values())), out_dir / "deploy")
-    tables = write_tables(data.tables(), out_dir / "tables")
+    engines = engines_tables(data.requests, data.rounds, data.hardware_limit)  # every engine vs every baseline
+    tables = write_tables({**data.tables(), **engines}, out_dir / "tables")
     links = [p.relative_to(out_dir).as_posix() for p in deploy]
     sections, notes = build_sections(data, save_png(out_dir, PLOT_DPI), links)
+    sections[1:1] = engines_sections(engines)
     left_out = jobs_section(jobs)
     if left_out is not None:  # right after the summary: the reader must know the sweep is incomplete
         sections.insert(1, left_out)

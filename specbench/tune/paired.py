@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from specbench.analysis.rows import ar_mask
 from specbench.analysis.speedup import batch_throughput, paired_requests
-from specbench.decoding.records import AUTOREGRESSIVE
 from specbench.tune.objectives import OBJECTIVES
 
 # Request-row columns a trial keeps in its Optuna user attribute `requests` (the rest are its job keys).
@@ -49,8 +49,8 @@ def unit_speedups(requests: pd.DataFrame, kind: str) -> pd.DataFrame:
     if kind == "throughput_speedup":
         bt = batch_throughput(requests)
         on = [c for c in ("job", "repeat", "batch") if c in bt.columns]
-        ar = bt[bt["decoder"] == AUTOREGRESSIVE][on + ["tok_s"]].rename(columns={"tok_s": "ar_tok_s"})
-        pairs = bt[bt["decoder"] != AUTOREGRESSIVE].merge(ar, on=on)
+        ar = bt[ar_mask(bt)][on + ["tok_s"]].rename(columns={"tok_s": "ar_tok_s"})
+        pairs = bt[~ar_mask(bt)].merge(ar, on=on)
         pairs["speedup"] = pairs["tok_s"] / pairs["ar_tok_s"]
         unit = ["batch"]
     else:
@@ -82,14 +82,14 @@ def objective_value(requests: pd.DataFrame, objective: str, reference: dict) -> 
 def reference_throughput(requests: pd.DataFrame) -> float:
     """AR tokens/s: Σ AR batch tokens ÷ Σ AR batch walls (a batch's wall is its slowest row's)."""
     bt = batch_throughput(requests)
-    ar = bt[bt["decoder"] == AUTOREGRESSIVE]
+    ar = bt[ar_mask(bt)]
     wall = float(ar["wall"].sum())
     return float(ar["tokens"].sum()) / wall if wall > 0 else math.nan
 
 
 def reference_latency(requests: pd.DataFrame) -> float:
     """AR seconds per token: median over AR requests of wall_time / new_tokens."""
-    ar = requests[requests["decoder"] == AUTOREGRESSIVE]
+    ar = requests[ar_mask(requests)]
     tpt = (ar["wall_time"] / ar["new_tokens"].where(ar["new_tokens"] > 0)).dropna()
     return float(tpt.median()) if len(tpt) else math.nan
 

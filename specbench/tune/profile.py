@@ -17,11 +17,11 @@ import pandas as pd
 
 from specbench.analysis.acceptance import AcceptanceProfile
 from specbench.analysis.policy_model import choose_tau, fit_accept_curve
+from specbench.analysis.rows import ar_mask
 from specbench.analysis.speedup import optimal_gamma, predict_speedup
 from specbench.analysis.timing import TimingProfile
 from specbench.bench import runstore
 from specbench.config import Config
-from specbench.decoding.records import AUTOREGRESSIVE
 from specbench.tune.paired import reference_latency, reference_throughput
 from specbench.tune.samplers import TAUS, policy_choices, reads_tau
 from specbench.tune.study import StudySpec
@@ -90,7 +90,7 @@ def prior_rows(cfg: Config, spec: StudySpec, draft: str) -> tuple[pd.DataFrame, 
         if "category" in df.columns:
             m &= df["category"].isin(cats)
         if with_draft and "draft_kind" in df.columns:
-            m &= (df["draft_kind"] == draft) | (df["decoder"] == AUTOREGRESSIVE)
+            m &= (df["draft_kind"] == draft) | ar_mask(df)
         return df[m]
 
     return match(rounds, True), match(requests, False)
@@ -112,7 +112,7 @@ def _from_prior(cfg: Config, spec: StudySpec, draft: str):
     except (FileNotFoundError, ValueError) as exc:
         log.warning("prior sweep %s unusable (%s); profiling instead", t.prior_sweep, exc)
         return None
-    if not (len(r[r["decoder"] != AUTOREGRESSIVE]) and len(r[r["decoder"] == AUTOREGRESSIVE])):
+    if not (len(r[~ar_mask(r)]) and len(r[ar_mask(r)])):
         log.warning(
             "prior sweep %s has no rows for draft=%s, batch_size=%d, sampling=%s, categories=%s; profiling instead",
             t.prior_sweep,
@@ -122,7 +122,7 @@ def _from_prior(cfg: Config, spec: StudySpec, draft: str):
             spec.categories,
         )
         return None
-    qa = q[q["decoder"] == AUTOREGRESSIVE]
+    qa = q[ar_mask(q)]
     if "max_new_tokens" in qa.columns:
         qa = qa[qa["max_new_tokens"] == cfg.max_new_tokens]
     return r, qa, prior_ct(t.prior_sweep)
@@ -152,7 +152,7 @@ def model_choice(cfg: Config, spec: StudySpec, runner: Runner) -> tuple[dict, di
             runner.record(spec, f"profile-{draft}", m, {"study": spec.name, "kind": "profile", "draft": draft})
             model["decode_s"] += m.decode_s
             rounds, requests = m.rounds_frame(), m.requests_frame(job=f"profile-{draft}")
-            ar_requests.append(requests[requests["decoder"] == AUTOREGRESSIVE])
+            ar_requests.append(requests[ar_mask(requests)])
             ct = None
         if ct is None and t.profile_ct:
             ct = runner.bench_ct(draft, spec, range(1, t.gamma_max + 2))
