@@ -13,6 +13,7 @@ from specbench.bench.workloads import Prompt, render_prompt
 from specbench.config import DraftConfig, ForwardConfig, ModelConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.forward import ForwardPath, capacity_for, check_context
+from specbench.decoding.forward_choice import choose_for
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
@@ -26,6 +27,8 @@ class DecodeOutput:
     tokens: list[list[int]]
     rounds: pd.DataFrame  # one row per (round, row): raw counts and phase times
     requests: pd.DataFrame  # one row per prompt
+    forward: str = ""  # the forward path that ran (forward='auto' resolved: eager, static or compiled)
+    forward_reason: str = ""  # why forward='auto' chose it ("" when the path was named)
 
 
 def decode(
@@ -52,7 +55,8 @@ def decode(
     seed: int = 0,
     speculative: bool = True,
     chat_template: bool = True,
-    forward: str = "eager",
+    forward: str = "auto",
+    compile_mode: str | None = None,
     cpu_linear: str = "tuned",
 ) -> DecodeOutput:
     """Decode a batch of prompts (one batch of B = len(prompts)) with speculative decoding,
@@ -65,7 +69,11 @@ def decode(
     `draft_target_prompt_kv`: a weight-only copy starts from the target's KV of the prompt (`draft.target_prompt_kv`);
     `draft_target_decode_kv`: on the fast path, it also takes the target's K/V of each round's tokens (`draft.target_decode_kv`).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
-    `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
+    `forward` is 'auto' (the default: 'compiled' where the fast path runs, on CPU with a working C++ compiler
+    and on CUDA as CUDA graphs, else 'eager'; `specbench.decoding.forward_choice`), 'eager' (the reference),
+    'static' or 'compiled' (the first call per batch size and token count compiles, once per process: a
+    first call costs compile time, later ones reuse the graphs). `compile_mode`: inductor's (`forward.compile_mode`;
+    None: the config's default; auto on CUDA takes 'reduce-overhead').
     `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
     A prompt that with `max_new_tokens` would run past the target's context is refused (ValueError); a bad
     argument raises TypeError or ValueError naming it, before any model loads.
@@ -101,7 +109,8 @@ def decode(
         target_prompt_kv=draft_target_prompt_kv,
         target_decode_kv=draft_target_decode_kv,
     )
-    forward_cfg = ForwardConfig(path=forward)  # validates the path
+    # validates the path and the compile mode
+    forward_cfg = ForwardConfig(path=forward, **({} if compile_mode is None else {"compile_mode": compile_mode}))
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
         raise ValueError(f"draft={draft!r} needs draft_model (a model id, .gguf file or directory)")
     pair = load_pair(pair_cfg, draft_cfg)
@@ -113,7 +122,8 @@ def decode(
     ids = [pair.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
     check_context({f"{i} (prompts[{i}])": len(x) for i, x in enumerate(ids)}, max_new_tokens, pair.target)
     capacity = capacity_for([len(i) for i in ids], max_new_tokens, gamma)
-    pair.forward = ForwardPath(forward_cfg.path, forward_cfg.compile_mode, capacity)
+    chosen = choose_for(forward_cfg.path, forward_cfg.compile_mode, device, *pair.configs())
+    pair.forward = ForwardPath.chosen(chosen, capacity)
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
     timer = PhaseTimer(pair.target.device)
     if speculative:
@@ -127,6 +137,8 @@ def decode(
         tokens=result.tokens,
         rounds=to_frame(result.rounds, ROUND_COLUMNS),
         requests=to_frame(result.requests, REQUEST_COLUMNS),
+        forward=chosen.path,
+        forward_reason=chosen.reason,
     )
 
 

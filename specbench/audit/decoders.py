@@ -16,12 +16,21 @@ from specbench.decoding.acceptance import rejection_sample
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for
+from specbench.decoding.forward_choice import choose_for
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.policies import POLICIES
 from specbench.decoding.sampling import SamplingConfig, TokenContext
 
-# speculative:<path>: specbench's decoder on the fast path (`specbench.decoding.forward`; compiled: inductor default)
-DECODER_NAMES = ("speculative", "speculative:static", "speculative:compiled", "autoregressive", "hf_assisted")
+# speculative:<path>: specbench's decoder on the fast path (`specbench.decoding.forward`; compiled: inductor default);
+# speculative:auto (the CLI's default) runs as `forward_choice` resolves it and is named by what ran
+DECODER_NAMES = (
+    "speculative",
+    "speculative:auto",
+    "speculative:static",
+    "speculative:compiled",
+    "autoregressive",
+    "hf_assisted",
+)
 # llama.cpp's, run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding)
 LLAMA_CPP_AUDIT_DECODERS = ("llama_cpp", "llama_cpp:probabilistic", "llama_cpp_autoregressive")
 DECODER_CHOICES = (
@@ -111,6 +120,7 @@ def speculative_decoder(
     is the forward path (eager: the reference cache; static / compiled: the fast path); `policy` and `tau`
     its draft-length policy (`specbench.decoding.policies`)."""
     v = get_variant(variant) if variant else None
+    forward = choose_for(forward, "default", str(target_model.device), target_model.config, draft_model.config).path
 
     def run(prompts, tokens, generator):
         if forward == "eager":
