@@ -359,9 +359,11 @@ def test_a_cache_filled_under_another_isa_is_not_reused(tmp_path):
 
 @needs_embedded
 @pytest.mark.embedded
+@pytest.mark.slow
 def test_compiled_embedded_pair_decodes_the_eager_oracles_greedy_tokens_at_b1_and_b4():
     """The fast path, compiled, against the eager reference on the real default pair (SmolLM2, float32,
-    n-gram drafts so only the target compiles: k = 1 and γ + 1 = 3 at B = 1 and 4; ~30-60 s, compile-bound)."""
+    n-gram drafts so only the target compiles: k = 1 and γ + 1 = 3 at B = 1 and 4). Compile-bound: 325 s on a
+    loaded 2-core box with a cold cache, so marked slow."""
     import specbench
 
     questions = ["Name three primary colours.", "Count from one to ten.", "What is 2 + 2?", "Say hello in French."]
