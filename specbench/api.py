@@ -14,6 +14,7 @@ from specbench.config import DraftConfig, ForwardConfig, ModelConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.forward import ForwardPath, capacity_for, check_context
 from specbench.decoding.policies import POLICIES
+from specbench.decoding.forward_choice import choose_for
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer
@@ -27,6 +28,8 @@ class DecodeOutput:
     tokens: list[list[int]]
     rounds: pd.DataFrame  # one row per (round, row): raw counts and phase times
     requests: pd.DataFrame  # one row per prompt
+    forward: str = ""  # the forward path that ran (forward='auto' resolved: eager, static or compiled)
+    forward_reason: str = ""  # why forward='auto' chose it ("" when the path was named)
 
 
 def decode(
@@ -54,6 +57,7 @@ def decode(
     speculative: bool = True,
     chat_template: bool = True,
     forward: str = "eager",
+    compile_mode: str | None = None,
     cpu_linear: str = "tuned",
     draft_policy: str = "fixed",
     draft_tau: float = 0.0,
@@ -68,7 +72,11 @@ def decode(
     `draft_target_prompt_kv`: a weight-only copy starts from the target's KV of the prompt (`draft.target_prompt_kv`);
     `draft_target_decode_kv`: on the fast path, it also takes the target's K/V of each round's tokens (`draft.target_decode_kv`).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
-    `forward` is 'eager' (the reference), 'static' or 'compiled' (the first call per shape compiles).
+    `forward` is 'eager' (the default, the reference), 'auto' ('compiled' where the fast path runs, on CPU with
+    a working C++ compiler and on CUDA as CUDA graphs, else 'eager'; `specbench.decoding.forward_choice`),
+    'static' or 'compiled' (the first call per batch size and token count compiles, once per process: a
+    first call costs compile time, later ones reuse the graphs). `compile_mode`: inductor's (`forward.compile_mode`;
+    None: the config's default; auto on CUDA takes 'reduce-overhead').
     `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
     `draft_policy` / `draft_tau`: how many of the γ drafts a round verifies (`draft.policy`: 'fixed',
     'confidence_stop' (stop after a draft whose q(x_i) < tau), 'schedule', 'prune_renormalized'); γ is then γ_max.
@@ -108,7 +116,8 @@ def decode(
         policy=draft_policy,
         tau=draft_tau,
     )
-    forward_cfg = ForwardConfig(path=forward)  # validates the path
+    # validates the path and the compile mode
+    forward_cfg = ForwardConfig(path=forward, **({} if compile_mode is None else {"compile_mode": compile_mode}))
     if DRAFT_KINDS.get(draft, "draft").uses_pair_draft and not draft_model:
         raise ValueError(f"draft={draft!r} needs draft_model (a model id, .gguf file or directory)")
     pair = load_pair(pair_cfg, draft_cfg)
@@ -120,7 +129,8 @@ def decode(
     ids = [pair.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
     check_context({f"{i} (prompts[{i}])": len(x) for i, x in enumerate(ids)}, max_new_tokens, pair.target)
     capacity = capacity_for([len(i) for i in ids], max_new_tokens, gamma)
-    pair.forward = ForwardPath(forward_cfg.path, forward_cfg.compile_mode, capacity)
+    chosen = choose_for(forward_cfg.path, forward_cfg.compile_mode, device, *pair.configs())
+    pair.forward = ForwardPath.chosen(chosen, capacity)
     generator = torch.Generator(device=pair.target.device).manual_seed(seed)
     timer = PhaseTimer(pair.target.device)
     if speculative:
@@ -136,6 +146,8 @@ def decode(
         tokens=result.tokens,
         rounds=to_frame(result.rounds, ROUND_COLUMNS),
         requests=to_frame(result.requests, REQUEST_COLUMNS),
+        forward=chosen.path,
+        forward_reason=chosen.reason,
     )
 
 

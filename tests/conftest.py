@@ -22,6 +22,9 @@ keyed_cache_dir()
 torch.set_num_threads(1)
 
 VOCAB = 96
+# The eager reference, pinned by every test that runs jobs, the API or the tuner and is not about the fast path:
+# the default, forward=auto, compiles (tests/test_fast_path.py and test_forward_choice.py cover it).
+EAGER = "forward=eager"
 
 
 def tiny_llama(seed: int, layers: int = 2, vocab: int = VOCAB, dtype=torch.float64) -> LlamaForCausalLM:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import EAGER
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -139,7 +140,7 @@ def test_a_new_draft_kind_needs_one_registration(toy_draft_kind, tmp_path):
             "ct_bench=false",
             "report=false",
         ]
-        cfg = to_config(compose("config", overrides=overrides))
+        cfg = to_config(compose("config", overrides=[EAGER, *overrides]))
     assert cfg.draft.kind == toy_draft_kind
     assert run_job(cfg, tmp_path / "job")
     rounds = load_sweep(tmp_path, "rounds")

@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from conftest import VOCAB, hf_greedy, tiny_llama
+from conftest import VOCAB, hf_greedy, needs_embedded, tiny_llama
 from test_decoder import GREEDY, make_draft
 
 from specbench.decoding.attention import GROUPED
@@ -355,3 +355,21 @@ def test_a_cache_filled_under_another_isa_is_not_reused(tmp_path):
         "isa-avx2",
         f"isa-{pick_vec_isa()}".replace(" ", "_"),
     ]
+
+
+@needs_embedded
+@pytest.mark.embedded
+@pytest.mark.slow
+def test_compiled_embedded_pair_decodes_the_eager_oracles_greedy_tokens_at_b1_and_b4():
+    """The fast path, compiled, against the eager reference on the real default pair (SmolLM2, float32,
+    n-gram drafts so only the target compiles: k = 1 and γ + 1 = 3 at B = 1 and 4). Compile-bound: 325 s on a
+    loaded 2-core box with a cold cache, so marked slow."""
+    import specbench
+
+    questions = ["Name three primary colours.", "Count from one to ten.", "What is 2 + 2?", "Say hello in French."]
+    for batch in (questions[:1], questions):
+        common = dict(draft="ngram", dtype="float32", max_new_tokens=8, gamma=2)
+        eager = specbench.decode(batch, forward="eager", **common)
+        fast = specbench.decode(batch, forward="compiled", compile_mode="default", **common)
+        assert fast.forward == "compiled" and eager.forward == "eager"
+        assert fast.tokens == eager.tokens, f"B={len(batch)}"

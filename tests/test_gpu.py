@@ -18,7 +18,7 @@ from conftest import VOCAB, perturbed, tiny_llama
 from specbench.bench import runstore
 from specbench.bench.job import run_job
 from specbench.bench.telemetry import JobTelemetry
-from specbench.config import Config, DraftConfig, ModelConfig, PairConfig, WorkloadConfig
+from specbench.config import Config, DraftConfig, ForwardConfig, ModelConfig, PairConfig, WorkloadConfig
 from specbench.decoding import kvcache
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
@@ -50,7 +50,7 @@ def _tiny_cfg(tmp_path: Path, **kw) -> Config:
         max_new_tokens=6,
         warmup=0,
         runs_dir=str(tmp_path),
-        **kw,
+        **{"forward": ForwardConfig(path="eager"), **kw},
     )
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import EAGER
 
 import specbench
 from specbench.bench.workloads import WorkloadError, load_jsonl_prompts
@@ -42,7 +43,7 @@ def _no_models(monkeypatch, module: str) -> None:
 )
 def test_decode_names_the_bad_argument_before_loading(monkeypatch, kwargs, exc, words):
     _no_models(monkeypatch, "specbench.api")
-    args = {"prompts": ["hello"], "draft": "ngram", "dtype": "float32", **kwargs}
+    args = {"prompts": ["hello"], "draft": "ngram", "dtype": "float32", "forward": "eager", **kwargs}
     with pytest.raises(exc) as info:
         specbench.decode(**args)
     for word in words:
@@ -71,10 +72,12 @@ def test_decode_refuses_a_prompt_past_the_models_context(monkeypatch):
     monkeypatch.setattr("specbench.api.load_pair", lambda *a, **k: pair)
     long = " ".join(["word"] * (context - 4))
     with pytest.raises(ValueError) as info:
-        specbench.decode([long], draft="ngram", dtype="float32", max_new_tokens=8, chat_template=False)
+        specbench.decode([long], draft="ngram", dtype="float32", max_new_tokens=8, chat_template=False, forward="eager")
     message = str(info.value)
     assert f"{context - 4} tokens" in message and "max_new_tokens=8" in message and str(context) in message
-    out = specbench.decode(["a b c"], draft="ngram", dtype="float32", max_new_tokens=4, chat_template=False)
+    out = specbench.decode(
+        ["a b c"], draft="ngram", dtype="float32", max_new_tokens=4, chat_template=False, forward="eager"
+    )
     assert len(out.tokens[0]) == 4  # a prompt that fits runs
 
 
@@ -83,7 +86,7 @@ def test_cli_refuses_a_prompt_past_the_models_context(tmp_path):
     args = ["pair=tiny", "draft=ngram", "workload=synthetic", "workload.n_prompts=1", "workload.prompt_tokens=2045"]
     args += ["max_new_tokens=8", "warmup=0", "ct_bench=false", "report=false", f"runs_dir={tmp_path}"]
     result = subprocess.run(
-        [sys.executable, "-m", "specbench", *args], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-m", "specbench", EAGER, *args], capture_output=True, text=True, timeout=300, env=env
     )
     assert result.returncode == 1, result.stderr[-2000:]
     said = result.stdout + result.stderr  # Hydra's job log goes to stdout

@@ -14,7 +14,15 @@ from conftest import embedded_available
 
 from specbench.analysis.speedup import latency_speedup, paired_requests, throughput_speedup
 from specbench.analysis.timing import TimingProfile
-from specbench.config import Config, LlamaCppConfig, ModelConfig, PairConfig, SamplingSpec, WorkloadConfig
+from specbench.config import (
+    Config,
+    ForwardConfig,
+    LlamaCppConfig,
+    ModelConfig,
+    PairConfig,
+    SamplingSpec,
+    WorkloadConfig,
+)
 from specbench.decoding.records import BONUS, LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CT_COLUMNS, RECOVERED
 from specbench.decoding.sampling import SamplingConfig
 from specbench.llama_cpp import binaries
@@ -261,6 +269,7 @@ def test_llama_cpp_job_writes_rows_costs_and_a_report(tmp_path):
             warmup=0,
             threads=1,
             workload=WorkloadConfig(categories=["qa", "code"], limit_per_category=1),
+            forward=ForwardConfig(path="eager"),
         )
         assert run_job(cfg, tmp_path / f"gamma={gamma}")
     requests = load_sweep(tmp_path, "requests")

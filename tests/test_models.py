@@ -170,7 +170,7 @@ def test_embedded_greedy_equals_generate_fp32(draft, vocab_top, embedded_fp32):
     n = 24
     for batch in (questions[:1], questions):
         out = specbench.decode(
-            batch, draft=draft, draft_vocab_top=vocab_top, dtype="float32", max_new_tokens=n, gamma=4
+            batch, draft=draft, draft_vocab_top=vocab_top, dtype="float32", max_new_tokens=n, gamma=4, forward="eager"
         )
         for row, q in enumerate(batch):
             text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)

@@ -118,6 +118,7 @@ def test_embedded_greedy_with_penalty_and_bans_equals_generate_fp32():
             dtype="float32",
             max_new_tokens=n,
             gamma=4,
+            forward="eager",
             repetition_penalty=1.3,
             banned_token_ids=[token],
             banned_sequences=[bigram],

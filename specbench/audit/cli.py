@@ -12,7 +12,7 @@ from specbench.audit.core import TooFewSamplesError, run_audit
 from specbench.audit.decoders import DECODER_CHOICES, check_decoder_name, is_llama_cpp, make_decoder
 from specbench.audit.pairs import AUDIT_PROMPTS, load_audit_pair
 from specbench.audit.result import AuditResult
-from specbench.audit.settings import MINIMUMS, REFERENCE_SAMPLES_MIN, REFERENCES, AuditSettings
+from specbench.audit.settings import DEFAULT_DECODER, MINIMUMS, REFERENCE_SAMPLES_MIN, REFERENCES, AuditSettings
 from specbench.cli_errors import ArgumentParser, int_at_least
 from specbench.decoding.sampling import SamplingConfig
 
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--pair", default="tiny", choices=["tiny", "embedded"])
     parser.add_argument(
-        "--decoder", action="append", help=f"{DECODER_CHOICES}; repeat for several (default speculative)"
+        "--decoder", action="append", help=f"{DECODER_CHOICES}; repeat for several (default {DEFAULT_DECODER})"
     )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         samplings = [base] + [
             dataclasses.replace(base, temperature=t, top_k=k, top_p=p) for t, k, p in args.sampling or []
         ]
-        decoders = args.decoder or ["speculative"]
+        decoders = args.decoder or [DEFAULT_DECODER]
         for name in decoders:
             check_decoder_name(name)
         built_in = len(AUDIT_PROMPTS[args.pair])

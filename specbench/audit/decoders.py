@@ -16,6 +16,7 @@ from specbench.decoding.acceptance import rejection_sample
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft
 from specbench.decoding.forward import ForwardPath, capacity_for
+from specbench.decoding.forward_choice import choose_for
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.policies import POLICIES
 from specbench.decoding.records import AUTOREGRESSIVE, HF_ASSISTED, LLAMA_CPP, LLAMA_CPP_AUTOREGRESSIVE, SPECULATIVE
@@ -24,9 +25,9 @@ from specbench.engines import SERVER, runs_in
 
 # The engines the audit samples from (`specbench.engines`), each with the `:<variant>`s it takes ("" = none):
 # speculative:<path>: specbench's decoder on the fast path (`specbench.decoding.forward`; compiled: inductor
-# default); llama.cpp's run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding).
+# default; auto: as `forward_choice` resolves it, named by what ran); llama.cpp's run through llama-server (`specbench.audit.llama_cpp`; reference: its own plain decoding).
 AUDITED = {
-    SPECULATIVE: ("", "static", "compiled"),
+    SPECULATIVE: ("", "auto", "static", "compiled"),
     AUTOREGRESSIVE: ("",),
     HF_ASSISTED: ("",),
     LLAMA_CPP: ("", "probabilistic"),
@@ -132,6 +133,7 @@ def speculative_decoder(
     is the forward path (eager: the reference cache; static / compiled: the fast path); `policy` and `tau`
     its draft-length policy (`specbench.decoding.policies`)."""
     v = get_variant(variant) if variant else None
+    forward = choose_for(forward, "default", str(target_model.device), target_model.config, draft_model.config).path
 
     def run(prompts, tokens, generator):
         if forward == "eager":

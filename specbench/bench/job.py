@@ -6,6 +6,7 @@ store the raw rows in the run store.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -31,6 +32,7 @@ from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for, check_context
 from specbench.engines import ENGINES, SERVER, open_engines, runs_in
 from specbench.llama_cpp.servers import llama_threads
+from specbench.decoding.forward_choice import choose_for
 from specbench.models import choices
 from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, device_refusal, draft_class, resolve_kind, takes_decode_kv
 from specbench.models.kernels import linear_kernels
@@ -149,9 +151,10 @@ def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> d
     """Put the job's forward path on the pair and compile every shape its decoders will run, before
     anything is timed (target: k = 1 and γ + 1; draft: k = 1 and 2, or 1 alone on the target's decode K/V).
     Returns seconds per model."""
-    f = cfg.forward
+    chosen = choose_for(cfg.forward.path, cfg.forward.compile_mode, cfg.pair.device, *pair.configs())
+    cfg.forward = f = replace(cfg.forward, path=chosen.path, compile_mode=chosen.compile_mode)  # rows: what ran
     capacity = f.capacity or capacity_for([len(p.ids) for p in prompts], cfg.max_new_tokens, cfg.gamma)
-    pair.forward = ForwardPath(f.path, f.compile_mode, capacity)
+    pair.forward = ForwardPath.chosen(chosen, capacity)
     draft_ks = DECODE_KV_DRAFT_KS if takes_decode_kv(pair) else DRAFT_KS
     seconds = pair.forward.warm_up_pair(pair.target, pair.draft_model, cfg.batch_size, cfg.gamma, draft_ks)
     if seconds:
@@ -257,6 +260,7 @@ def _run(cfg: Config, job_dir: Path, resolved_yaml: str, claim: dict) -> None:
             },
             "forward": {
                 "path": cfg.forward.label,
+                "reason": pair.forward.reason,  # forward.path=auto: why this path (eager: what the fast path lacked)
                 "capacity": pair.forward.capacity,
                 "compile_seconds": compile_seconds,  # before warm-up; never inside a timed phase
                 "draft_decode_kv": takes_decode_kv(pair),  # the draft took the target's K/V every round

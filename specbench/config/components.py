@@ -11,7 +11,12 @@ from specbench.models.draft_kinds import AUTO, DRAFT_KINDS
 
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # the one list; models.loading maps them
-FORWARD_PATHS = ("eager", "static", "compiled")  # specbench.decoding.forward builds them
+FORWARD_PATHS = (
+    "auto",
+    "eager",
+    "static",
+    "compiled",
+)  # auto: specbench.decoding.forward_choice picks one of the others
 CPU_LINEARS = ("tuned", "torch")  # bf16 linears on CPU: specbench.models.kernels.CpuLinear, or nn.Linear as it is
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")  # reduce-overhead: CUDA graphs (plain compile on CPU)
 
@@ -171,12 +176,14 @@ class WorkloadConfig:
 
 @dataclass
 class ForwardConfig:
-    """How target and draft forwards run (`specbench.decoding.forward`): `eager` over the masked
-    dynamic cache (the reference), or the fast path, a preallocated per-row cache, run eagerly
-    (`static`) or through `torch.compile` (`compiled`, compiled once per process before timing)."""
+    """How target and draft forwards run (`specbench.decoding.forward`): `auto` (the
+    compiled fast path where it runs, else eager with the reason in done.json; `forward_choice`), `eager`
+    over the masked dynamic cache (the reference, and still the default: a cold compile does not yet fit the
+    default sweep's 10 minutes), or the fast path, a preallocated per-row cache, run
+    eagerly (`static`) or through `torch.compile` (`compiled`, compiled once per process before timing)."""
 
     path: str = "eager"
-    compile_mode: str = "max-autotune"  # compiled: inductor "default" (freezing), "max-autotune" (GEMM templates) or "reduce-overhead" (CUDA graphs)
+    compile_mode: str = "max-autotune"  # compiled: inductor "default" (freezing), "max-autotune" (GEMM templates) or "reduce-overhead" (CUDA graphs; auto picks it on cuda)
     capacity: Optional[int] = None  # fast path KV columns per row; None: longest prompt + max_new_tokens + gamma + 2
 
     def __post_init__(self) -> None:

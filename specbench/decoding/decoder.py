@@ -21,8 +21,8 @@ import torch
 
 from specbench.decoding.acceptance import GREEDY_FORMS, Acceptance, rejection_sample
 from specbench.decoding.drafts import Draft
-from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.lengths import confidence, done_rule, draft_lengths, verify_q
+from specbench.decoding.lm import LM
 from specbench.decoding.policies import FIXED, STOP_REASONS, DraftPolicy, next_gamma
 from specbench.decoding.records import AUTOREGRESSIVE_STEP, BONUS, RECOVERED, RequestRecord, RoundRecord
 from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits
@@ -81,7 +81,7 @@ class _Batch:
         for row in self.finished_by:
             self.finish_mark.setdefault(row, mark)
 
-    def drop_finished(self, target: CachedLM, draft: Draft | None = None) -> None:
+    def drop_finished(self, target: LM, draft: Draft | None = None) -> None:
         """Drop finished rows from the caches, recording the KV bytes each held at its end."""
         keep = [i for i, row in enumerate(self.active) if row not in self.finished_by]
         if len(keep) < len(self.active):
@@ -96,7 +96,7 @@ class _Batch:
 
 
 def _start(
-    target: CachedLM,
+    target: LM,
     prompts: list[list[int]],
     max_new_tokens: int,
     eos: set[int],
@@ -207,7 +207,7 @@ class _Decision:
 
 
 def speculative_decode(
-    target: CachedLM,
+    target: LM,
     draft: Draft,
     prompts: list[list[int]],
     gamma: int,
@@ -297,7 +297,7 @@ def speculative_decode(
 
 
 def autoregressive_decode(
-    target: CachedLM,
+    target: LM,
     prompts: list[list[int]],
     sampling: SamplingConfig,
     max_new_tokens: int,

@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specbench.decoding.kvcache import CachedLM, feed_suffix
+from specbench.decoding.lm import LM
 from specbench.decoding.sampling import SamplingConfig, TokenContext, next_tokens, process_logits, sample
 from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import count_host_sync, to_device
@@ -25,7 +26,7 @@ class Draft(Protocol):
     # not verified); None: all of them. n-gram lookup without a match proposes nothing (`fill=False`).
     proposed: list[int] | None
 
-    def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
+    def prefill(self, prompts: list[list[int]], target: LM | None = None) -> None:
         """Start a batch with these rows' committed tokens so far (prompt + the first new token).
 
         `target`: the target's LM right after its prefill of the prompts (the first new token not yet
@@ -73,7 +74,7 @@ class ModelDraft:
         self,
         model: PreTrainedModel,
         name: str = "model",
-        lm: CachedLM | StaticLM | None = None,
+        lm: LM | None = None,
         target_prompt_kv: bool = False,
         target_decode_kv: bool = False,
     ) -> None:
@@ -91,7 +92,7 @@ class ModelDraft:
         self._gamma = 0
         self.proposed = None
 
-    def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
+    def prefill(self, prompts: list[list[int]], target: LM | None = None) -> None:
         # The newest committed token is left uncached: every round starts by feeding the
         # row's uncached committed suffix, so the first proposal needs no special case.
         # (The decoder calls this after the first new token, so every row has >= 2 tokens.)
@@ -187,7 +188,7 @@ class NgramDraft:
         self.fill = fill
         self.proposed: list[int] | None = None
 
-    def prefill(self, prompts: list[list[int]], target: CachedLM | StaticLM | None = None) -> None:
+    def prefill(self, prompts: list[list[int]], target: LM | None = None) -> None:
         pass
 
     def lookup(self, seq: list[int], gamma: int) -> list[int]:

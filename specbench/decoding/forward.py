@@ -11,11 +11,14 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
+from specbench.decoding.forward_choice import ForwardChoice
 from specbench.decoding.kvcache import CachedLM
+from specbench.decoding.lm import LM
 from specbench.decoding.static_kv import StaticLM
 
 DRAFT_KS = (1, 2)  # a draft's forwards: one step, or a round's catch-up of two tokens after all drafts passed
 DECODE_KV_DRAFT_KS = (1,)  # a draft on the target's decode K/V (`ModelDraft.target_decode_kv`) never catches up
+RUNNABLE = ("eager", "static", "compiled")  # the paths an LM object is made for (auto resolves to one)
 CAPACITY_STEP = 64  # capacities round up to this, so jobs whose needs differ a little share graphs
 _STATIC: dict[tuple, StaticLM] = {}  # (id(model), capacity, compile mode) -> the process's StaticLM
 
@@ -51,8 +54,20 @@ def check_context(prompt_lens: dict[str, int], max_new_tokens: int, model: PreTr
 class ForwardPath:
     """Hands out the LM object for a model on this path (`path`: a name in `config.FORWARD_PATHS`)."""
 
-    def __init__(self, path: str = "eager", compile_mode: str = "max-autotune", capacity: int | None = None) -> None:
+    def __init__(
+        self, path: str = "eager", compile_mode: str = "max-autotune", capacity: int | None = None, reason: str = ""
+    ) -> None:
+        if path not in RUNNABLE:
+            raise ValueError(
+                f"ForwardPath(path={path!r}): must be one of {list(RUNNABLE)} (resolve auto first: forward_choice)"
+            )
         self.path, self.compile_mode, self.capacity = path, compile_mode, capacity
+        self.reason = reason  # why forward.path=auto chose this path ("" when it was asked for by name)
+
+    @classmethod
+    def chosen(cls, choice: ForwardChoice, capacity: int | None) -> ForwardPath:
+        """The path `forward_choice.choose` picked, with its reason."""
+        return cls(choice.path, choice.compile_mode, capacity, choice.reason)
 
     @property
     def fast(self) -> bool:
@@ -63,7 +78,7 @@ class ForwardPath:
         """The compile mode of this path's StaticLMs (None: not compiled)."""
         return self.compile_mode if self.path == "compiled" else None
 
-    def lm(self, model: PreTrainedModel) -> CachedLM | StaticLM:
+    def lm(self, model: PreTrainedModel) -> LM:
         """The LM to decode with: fresh for eager, the process's one StaticLM otherwise (prefill resets it)."""
         if not self.fast:
             return CachedLM(model)

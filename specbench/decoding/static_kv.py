@@ -30,6 +30,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specbench.decoding.attention import GROUPED, symbolic_columns
 from specbench.decoding.compile_cache import keyed_cache_dir
+from specbench.decoding.forward_choice import fast_path_refusal
 from specbench.decoding.kvcache import attention_windows, cache_keyword, check_prefill_source, with_cache
 from specbench.decoding.timing import to_device, to_host
 from specbench.models import cpu_matvec
@@ -87,11 +88,9 @@ class StaticLM:
     def __init__(self, model: PreTrainedModel, capacity: int, compile_mode: str | None = None) -> None:
         if capacity < 2:
             raise ValueError(f"forward.capacity={capacity}: the fast path's KV cache needs at least 2 columns")
-        impl = getattr(model.config, "_attn_implementation", None)
-        if impl not in ("sdpa", "eager"):
-            raise ValueError(
-                f"model config _attn_implementation={impl!r}: forward.path=static/compiled needs 'sdpa' or 'eager'"
-            )
+        if refusal := fast_path_refusal(model.config):
+            raise ValueError(f"forward.path=static/compiled: {refusal}")
+        impl = model.config._attn_implementation
         self.source = model
         self.model = model
         self.compiled = compile_mode is not None

@@ -45,6 +45,10 @@ class Pair:
         """The target's LM object on this pair's forward path (`CachedLM` or `StaticLM`)."""
         return self.forward.lm(self.target)
 
+    def configs(self) -> list:
+        """The model configs the forward path runs: the target's, and the draft model's when there is one."""
+        return [m.config for m in (self.target, self.draft_model) if m is not None]
+
 
 @functools.lru_cache(maxsize=4)
 def _load(

@@ -21,6 +21,9 @@ from specbench.bench.job import check_workload, encode_workload
 from specbench.bench.protocol import EncodedPrompt, bench_ct, decoders, job_keys, measure_batch, warm_up
 from specbench.bench.telemetry import JobTelemetry
 from specbench.config import Config
+from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for
+from specbench.decoding.forward_choice import ForwardChoice, choose_for
+from specbench.models.draft_kinds import takes_decode_kv
 from specbench.models.pair import Pair, load_pair
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.paired import batch_speedups, compact, objective_value
@@ -70,6 +73,9 @@ class Runner:
         self.pairs: dict[str, Pair] = {}
         self.warm: set[str] = set()
         self.warmup_s = 0.0
+        self.compiled: set[tuple] = set()  # (draft, batch size, capacity) whose fast-path shapes are compiled
+        self.compile_s = 0.0  # fast path: compilation before any measurement (never inside a timed phase)
+        self.choice: ForwardChoice | None = None  # forward.path resolved on the first pair (auto: what runs here)
 
     def job_cfg(
         self, draft: str, gamma: int, batch_size: int, max_new_tokens: int | None = None, policy: dict | None = None
@@ -86,12 +92,44 @@ class Runner:
         )
 
     def pair(self, draft: str) -> Pair:
+        """The pair of this draft kind; the first one resolves forward.path (`self.cfg` then names what runs)."""
         if draft not in self.pairs:
-            self.pairs[draft] = load_pair(self.cfg.pair, dataclasses.replace(self.cfg.draft, kind=draft))
+            pair = load_pair(self.cfg.pair, dataclasses.replace(self.cfg.draft, kind=draft))
+            f = self.cfg.forward
+            if self.choice is None:
+                self.choice = choose_for(f.path, f.compile_mode, self.cfg.pair.device, *pair.configs())
+                f = dataclasses.replace(f, path=self.choice.path, compile_mode=self.choice.compile_mode)
+                self.cfg = dataclasses.replace(self.cfg, forward=f)
+                log.info("forward.path=%s (%s)", f.label, self.choice.reason or "as configured")
+            pair.forward = ForwardPath.chosen(self.choice, f.capacity)
+            self.pairs[draft] = pair
         return self.pairs[draft]
+
+    def compile_shapes(self, draft: str, batches: list[list[EncodedPrompt]]) -> None:
+        """Fast path: size the cache for these batches at any γ up to gamma_max and compile every shape
+        a trial or C_t(k) meets (target k = 1..gamma_max + 1), before anything is timed."""
+        pair, t = self.pair(draft), self.cfg.tune
+        if not pair.forward.fast or not batches:
+            return
+        tokens = max(self.cfg.max_new_tokens, t.profile_max_new_tokens or 0)
+        lengths = [len(p.ids) for b in batches for p in b]
+        capacity = self.cfg.forward.capacity or capacity_for(lengths, tokens, t.gamma_max)
+        key = (draft, len(batches[0]), capacity)
+        if key in self.compiled:
+            return
+        self.compiled.add(key)
+        pair.forward = ForwardPath.chosen(self.choice, capacity)
+        draft_ks = DECODE_KV_DRAFT_KS if takes_decode_kv(pair) else DRAFT_KS
+        target = pair.forward.warm_up(pair.target, len(batches[0]), list(range(1, t.gamma_max + 2)))
+        drafted = pair.forward.warm_up(pair.draft_model, len(batches[0]), list(draft_ks))
+        self.compile_s += target + drafted
+        log.info(
+            "forward.path=%s: compiled in %.1f s (target %.1f s)", self.cfg.forward.label, target + drafted, target
+        )
 
     def warmup(self, draft: str, batches: list[list[EncodedPrompt]]) -> None:
         """The protocol's warm-up, once per draft (never recorded; its time is reported)."""
+        self.compile_shapes(draft, batches)
         if draft in self.warm or not batches:
             return
         self.warm.add(draft)
@@ -127,7 +165,11 @@ class Runner:
     def bench_ct(self, draft: str, spec: StudySpec, ks: range) -> pd.DataFrame:
         """C_t(k) at the study's batch size and mean prompt length, labelled like a job's."""
         c, pair = self.job_cfg(draft, 1, spec.batch_size), self.pair(draft)
-        return bench_ct(c, pair, job_keys(c, pair), spec.prompts, ks)
+        if pair.forward.mode is None:
+            return bench_ct(c, pair, job_keys(c, pair), spec.prompts, ks)
+        # compiled: the protocol times one γ's shapes (k = 1, γ + 1); compile_shapes compiled every k here
+        frames = [bench_ct(dataclasses.replace(c, gamma=k - 1), pair, job_keys(c, pair), spec.prompts, ks) for k in ks]
+        return pd.concat([f[f["k"] == k] for f, k in zip(frames, ks)], ignore_index=True)
 
     def study_dir(self, spec: StudySpec) -> Path:
         return self.out_dir / "trials" / slug(spec.name)
@@ -274,7 +316,9 @@ def run_tune(cfg: Config, out_dir: Path) -> pd.DataFrame:
     storage = open_storage(url)
     texts = check_workload(cfg)  # before any model loads
     runner = Runner(cfg, out_dir)
-    specs = plan_studies(cfg, encode_workload(cfg, runner.pair(t.draft_kinds(cfg)[0]), texts))
+    first = runner.pair(t.draft_kinds(cfg)[0])
+    cfg = runner.cfg  # forward.path resolved: study names and rows say what runs
+    specs = plan_studies(cfg, encode_workload(cfg, first, texts))
     unit = OBJECTIVES.get(t.objective).unit
     results = []
     for spec in specs:
@@ -298,7 +342,13 @@ def run_tune(cfg: Config, out_dir: Path) -> pd.DataFrame:
     runstore.write_json(
         out_dir,
         f"tune_run-{worker}",
-        {"worker": worker_id(), "storage": url, "studies": results, "warmup_s": runner.warmup_s},
+        {
+            "worker": worker_id(),
+            "storage": url,
+            "studies": results,
+            "warmup_s": runner.warmup_s,
+            "forward": {"path": cfg.forward.label, "reason": runner.choice.reason, "compile_seconds": runner.compile_s},
+        },
     )
     print(f"\nTuning ({t.objective}, {unit}), storage {url}:")
     print(format_table(table))
