@@ -53,6 +53,8 @@ class DraftKind:
 
 
 DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
+INT4_GROUPS = (32, 64, 128, 256)  # int4 group sizes (draft.group_size): the ones torch's int4 kernels take
+DEFAULT_INT4_GROUP = 128  # GPTQ/AWQ checkpoints' group; 32 is llama.cpp's Q4 block, the embedded target's own grid
 
 AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kinds the job can use
 # The embedded pair's drafts per device class, best first, from end-to-end runs of
@@ -160,7 +162,7 @@ def _load_w8a16(target, pair_cfg, draft_cfg, load_model, vocab):
 def _load_w4a16(target, pair_cfg, draft_cfg, load_model, vocab, head: str = "int4"):
     from specbench.models.quant import quantize_w4a16_cached
 
-    return quantize_w4a16_cached(target, vocab, head), None
+    return quantize_w4a16_cached(target, vocab, head, draft_cfg.group_size), None
 
 
 def _ngram(pair: Pair) -> Draft:
@@ -194,7 +196,7 @@ DRAFT_KINDS.register(
     "w4a16",
     DraftKind(
         load=_load_w4a16,
-        label=lambda target, p, d: f"w4a16({target})",
+        label=lambda target, p, d: f"w4a16-g{d.group_size}({target})",  # rows of two group sizes never mix
         build=_model_draft,
         weights="int4",
     ),
@@ -203,7 +205,7 @@ DRAFT_KINDS.register(
     "w4a16h8",  # int4 body, int8 head: the head is where int4 loses agreement (`specbench.models.quant`)
     DraftKind(
         load=functools.partial(_load_w4a16, head="int8"),
-        label=lambda target, p, d: f"w4a16h8({target})",
+        label=lambda target, p, d: f"w4a16h8-g{d.group_size}({target})",
         build=_model_draft,
         weights="int4",
         head="int8",
