@@ -186,6 +186,45 @@ def test_embedded_greedy_equals_generate_fp32(draft, vocab_top, embedded_fp32):
             assert out.rounds["accepted"].mean() > (0.5 if draft == "w4a16" else 1.0)
 
 
+def int4_weight(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """`weight` on the int4 grid in groups of `group` (`int4_quantize`): q·scale + low, float32."""
+    from specbench.models.quant import int4_quantize
+
+    q, scale, low = int4_quantize(weight, group)
+    k = weight.shape[1]
+    return q * scale.repeat_interleave(group, 1)[:, :k] + low.repeat_interleave(group, 1)[:, :k]
+
+
+@needs_embedded
+@pytest.mark.embedded
+def test_on_the_embedded_pair_groups_of_32_flatter_and_128_do_not(embedded_fp32):
+    # The embedded target is a dequantized Q4_1 GGUF (groups of 32, min + scale, 16 levels): an int4 copy in groups of
+    # 32 lands on the very same weights; groups of 128 do not. Teacher-forced over a fixed text (~100 positions,
+    # deterministic, a few seconds): the copy in groups of 32 disagrees with the target's argmax less often.
+    target, tok = embedded_fp32  # its body's weights are swapped below, and put back
+    text = (
+        "Speculative decoding lets a small draft model propose several tokens that the large target model then "
+        "checks in one forward pass. When the draft agrees with the target, many tokens are accepted at once, and "
+        "the output is exactly what the target alone would have written. How often they agree depends on the draft."
+    )
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    head = target.get_output_embeddings()  # left in float, as w4a16h8's int8 head nearly is
+    body = [m for m in target.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    original = [m.weight.detach().clone() for m in body]
+    misses = {}
+    with torch.inference_mode():
+        ref = target(ids).logits[0].argmax(-1)
+        try:
+            for group in (32, 128):
+                for m, w in zip(body, original):
+                    m.weight.copy_(int4_weight(w, group))
+                misses[group] = int((target(ids).logits[0].argmax(-1) != ref).sum())
+        finally:
+            for m, w in zip(body, original):
+                m.weight.copy_(w)
+    assert misses[32] < misses[128], misses
+
+
 @pytest.mark.parametrize("k,group", [(64, 32), (192, 128), (256, 128)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [1, 5, 40])

@@ -97,7 +97,9 @@ def kernel_rows(
     if source is None:
         return 0
     grouped = f" g{group}" if group else ""  # int4's group size (0: int8, per output channel)
-    name = f"kernel_rows {kind}{grouped} {out_features}x{in_features} {str(dtype).removeprefix('torch.')} source={source}"
+    name = (
+        f"kernel_rows {kind}{grouped} {out_features}x{in_features} {str(dtype).removeprefix('torch.')} source={source}"
+    )
     timings = functools.partial(time_kernel_rows, kind, out_features, in_features, dtype, group)
     return choices.cached(name, timings, pick_kernel_rows)[0]
 
@@ -222,11 +224,7 @@ class Int4Linear(WeightOnlyLinear):
         # torch's kernels take one group size dividing in_features: the groups' (scale, zero) are repeated per
         # `kernel_group` channels (576 at 128: per 64), the same weights
         self.kernel_group = math.gcd(group, k)
-        w = linear.weight.detach().float()
-        low, high = _group_reduce(w, group, torch.amin), _group_reduce(w, group, torch.amax)  # [n, ceil(k/group)]
-        scale = ((high - low) / 15).clamp_min(1e-8)
-        per_channel = functools.partial(torch.repeat_interleave, repeats=group, dim=1)
-        q = torch.round((w - per_channel(low)[:, :k]) / per_channel(scale)[:, :k]).clamp(0, 15)
+        q, scale, low = int4_quantize(linear.weight.detach(), group)
         # The GEMM path's copy of q, a plain attribute rather than a buffer: a decode step (the kernel)
         # never reads it, so it is not part of the weight bytes a step streams.
         self.unpacked = q.to(torch.uint8)
@@ -274,6 +272,18 @@ class Int4Linear(WeightOnlyLinear):
 
     def gemm(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(flat, self.dequantized(flat.dtype))
+
+
+def int4_quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Min/max int4 of weight [n, k] per `group` input channels (the last group shorter where k is not a multiple):
+    q [n, k] float in 0..15, scale and low [n, ceil(k / group)] float32; w ≈ q·scale + low per group."""
+    w = weight.float()
+    k = w.shape[1]
+    low, high = _group_reduce(w, group, torch.amin), _group_reduce(w, group, torch.amax)
+    scale = ((high - low) / 15).clamp_min(1e-8)
+    per_channel = functools.partial(torch.repeat_interleave, repeats=group, dim=1)
+    q = torch.round((w - per_channel(low)[:, :k]) / per_channel(scale)[:, :k]).clamp(0, 15)
+    return q, scale, low
 
 
 def _group_reduce(w: torch.Tensor, group: int, reduce) -> torch.Tensor:
