@@ -30,16 +30,19 @@ def int8_case(rows: int, n: int, k: int, seed: int = 0):
     return x, weight, scale
 
 
-def int4_case(rows: int, n: int, k: int, seed: int = 0):
+def int4_case(rows: int, n: int, k: int, seed: int = 0, group: int = 32):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=g)
     q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
-    scale, low = torch.rand(n, k // 32, generator=g) + 0.01, torch.randn(n, k // 32, generator=g)
+    groups = -(-k // group)  # a last group may be shorter
+    scale, low = torch.rand(n, groups, generator=g) + 0.01, torch.randn(n, groups, generator=g)
     return x, q, scale, low
 
 
-def int4_weight(q, scale, low):
-    return q.double() * scale.double().repeat_interleave(32, 1) + low.double().repeat_interleave(32, 1)
+def int4_weight(q, scale, low, group: int = 32):
+    k = q.shape[1]
+    per_channel = [t.double().repeat_interleave(group, 1)[:, :k] for t in (scale, low)]
+    return q.double() * per_channel[0] + per_channel[1]
 
 
 @pytest.mark.parametrize("rows,n,k", [(1, 37, 64), (3, 96, 96), (8, 200, 576)])
@@ -63,6 +66,25 @@ def test_int4_matvec_is_the_block_quantized_product(rows, n, k):
     expected = cpu_matvec.quantize_blocks(x) @ int4_weight(q, scale, low).T
     got = cpu_matvec.int4_matvec(x, cpu_matvec.pack_nibbles(q), scale, low)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    "rows,n,k,group",
+    [(1, 37, 576, 128), (5, 40, 576, 128), (3, 96, 1536, 128), (2, 50, 160, 64), (1, 20, 224, 64), (4, 24, 576, 256)],
+)
+def test_int4_matvec_takes_groups_of_several_blocks(rows, n, k, group):
+    # a scale and low end per 2, 4 or 8 blocks, read off scale's columns; 576 at 128 (SmolLM2's hidden size) and
+    # 160 / 224 at 64 end in a shorter group, 1536 at 128 does not
+    x, q, scale, low = int4_case(rows, n, k, group=group)
+    expected = cpu_matvec.quantize_blocks(x) @ int4_weight(q, scale, low, group).T
+    got = cpu_matvec.int4_matvec(x, cpu_matvec.pack_nibbles(q), scale, low)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+def test_int4_matvec_refuses_scales_that_match_no_group():
+    x, q, scale, low = int4_case(1, 8, 576)  # 18 blocks: 18, 9, 5, 3, 2 or 1 groups
+    with pytest.raises(RuntimeError, match=r"scale and low must be contiguous float32 \[N, ceil\(K/G\)\]"):
+        cpu_matvec.int4_matvec(x, cpu_matvec.pack_nibbles(q), scale[:, :4].contiguous(), low[:, :4].contiguous())
 
 
 def test_block_quantization_is_exact_where_x_is_already_on_the_grid():
@@ -143,7 +165,7 @@ def test_compiled_calls_equal_eager_ones():
             lambda: cpu_matvec.int4_matvec(
                 torch.randn(1, 64), torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 2)
             ),
-            "[N, K/32]",
+            "[N, ceil(K/G)]",  # scale names 1 group of 64, low 2
         ),  # noqa: E501
     ],
 )

@@ -271,7 +271,8 @@ def test_weight_only_layers_pick_their_kernel_per_shape(layer_class):
         layer.kernel_rows = 2
         assert torch.equal(layer(x), gemm)  # past it: the dequantized GEMM
     assert cls(torch.nn.Linear(64, 96, bias=False, dtype=torch.float64)).kernel_rows == 0  # no kernel for fp64
-    assert quant.kernel_choices(torch.nn.Sequential(layer)) == {f"{layer_class[:4].lower()} 96x64": 2}
+    fmt = "int4 g128" if layer_class == "Int4Linear" else "int8"  # int4's records name its group (default 128)
+    assert quant.kernel_choices(torch.nn.Sequential(layer)) == {f"{fmt} 96x64": 2}
 
 
 def test_compiled_forward_checks_guards_at_a_shape_it_has_not_met(target, prompts):

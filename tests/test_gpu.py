@@ -497,9 +497,9 @@ def test_int4_cuda_packing_has_tinygemms_shapes():
         q = torch.empty(n, k, dtype=torch.uint8, device="meta")
         packed = quant.pack_int4_for_cuda(q)
         assert packed.shape == (n // 8, k // (quant.INT4_INNER_K_TILES * 16), 32, quant.INT4_INNER_K_TILES // 2)
-        sz = torch.empty(k // quant.Int4Linear.GROUP, n, 2, dtype=torch.bfloat16, device="meta")
+        sz = torch.empty(k // 32, n, 2, dtype=torch.bfloat16, device="meta")
         x = torch.empty(3, k, dtype=torch.bfloat16, device="meta")
-        assert torch.ops.aten._weight_int4pack_mm(x, packed, quant.Int4Linear.GROUP, sz).shape == (3, n)
+        assert torch.ops.aten._weight_int4pack_mm(x, packed, 32, sz).shape == (3, n)
 
 
 # ---------------------------------------------------------------- CUDA: weight-only drafts and the fast path

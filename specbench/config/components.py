@@ -7,7 +7,7 @@ from typing import Optional
 
 from specbench.config.checks import at_least, choice
 from specbench.decoding.policies import POLICIES
-from specbench.models.draft_kinds import AUTO, DRAFT_KINDS
+from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, INT4_GROUPS
 
 WORKLOAD_KINDS = ("builtin", "spec_bench", "jsonl", "synthetic")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # the one list; models.loading maps them
@@ -83,6 +83,9 @@ class DraftConfig:
     # n-gram lookup without a match (or past its end): draft the last token again (True), or propose nothing,
     # so the round is a plain target step (False)
     ngram_fill: bool = True
+    # int4 copies (w4a16, w4a16h8): input channels per (scale, zero). 128 as GPTQ/AWQ checkpoints; 32 is the
+    # embedded target's own Q4_1 grid, where the copy reproduces the target's weights (docs/decoder.md)
+    group_size: int = 128
 
     def __post_init__(self) -> None:
         lossless = tuple(name for name in POLICIES if POLICIES.get(name).lossless)
@@ -96,6 +99,7 @@ class DraftConfig:
         at_least("draft.min_ngram", self.min_ngram, 1)
         at_least("draft.max_ngram", self.max_ngram, self.min_ngram)
         at_least("draft.vocab_top", self.vocab_top, 0)
+        choice("draft.group_size", self.group_size, INT4_GROUPS)
         if self.kind == AUTO:  # resolved per device by Config (or load_pair); checked again then
             return
         kind = DRAFT_KINDS.get(self.kind, "draft.kind")

@@ -17,7 +17,7 @@
 
 namespace {
 
-constexpr int64_t BLOCK = 32;            // input channels per activation scale (and per int4 weight group)
+constexpr int64_t BLOCK = 32;            // input channels per activation scale (an int4 weight group: 1, 2, 4... of them)
 constexpr int64_t PREFETCH_BYTES = 8192;  // how far ahead on the weight stream to prefetch (into L2)
 constexpr int64_t GRAIN = 16;             // output rows per parallel chunk, at least
 
@@ -210,22 +210,30 @@ inline void int4_row(const uint8_t* row, const uint8_t* w_end, const int8_t* x, 
 constexpr int64_t SCALES_AHEAD = 16;  // rows ahead to prefetch an int4 weight's group scales and low ends
 constexpr int64_t ROW_TILE = 4;  // activation rows a weight row is unpacked for at once (16 AVX2 registers)
 
-// y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k / 32] + low[n, k / 32]), q in 0..15. nibbles uint8
-// [N, K / 2] in `pack_nibbles`' order (per pair of blocks as `pair_order`; an odd last block: byte i holds q[i]
-// low and q[16 + i] high).
+// y[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k / G] + low[n, k / G]), q in 0..15, G the weight group: 32 times
+// the smallest power of two `per` with ceil(K / 32 / per) = scale's columns (a last group may be shorter, as GPTQ's
+// where K is not a multiple of G). nibbles uint8 [N, K / 2] in `pack_nibbles`' order (per pair of blocks as
+// `pair_order`; an odd last block: byte i holds q[i] low and q[16 + i] high).
 at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& scale, const at::Tensor& low) {
   const int64_t rows = x.size(0), n_out = nibbles.size(0), k = nibbles.size(1) * 2, blocks = k / BLOCK;
   check_x(x, k, "specbench::int4_matvec");
   TORCH_CHECK(nibbles.scalar_type() == at::kByte && nibbles.is_contiguous(),
               "specbench::int4_matvec: nibbles must be contiguous uint8 [N, K/2]");
+  const int64_t groups = scale.dim() == 2 ? scale.size(1) : 0;
+  int64_t per = 1;  // activation blocks per weight group
+  while (groups > 0 && (blocks + per - 1) / per > groups) per *= 2;
   for (const auto* t : {&scale, &low})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == n_out &&
-                    t->size(1) == blocks,
-                "specbench::int4_matvec: scale and low must be contiguous float32 [N, K/32]");
+                    t->size(1) == groups && groups > 0 && (blocks + per - 1) / per == groups,
+                "specbench::int4_matvec: scale and low must be contiguous float32 [N, ceil(K/G)], G 32 times a power "
+                "of two; got ", scale.sizes(), " and ", low.sizes(), " for K = ", k);
   const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), rows, k);
   const std::vector<int8_t> xo = pair_order(xq.q, rows, k);
-  std::vector<float> x_low(rows * blocks);  // x's block scale times its block sum: what a group's low end adds
-  for (int64_t i = 0; i < rows * blocks; ++i) x_low[i] = xq.scale[i] * xq.sum[i];
+  // per row and weight group: x's block scales times block sums, summed over the group's blocks (what the group's
+  // low end adds)
+  std::vector<float> x_low(rows * groups, 0.f);
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t b = 0; b < blocks; ++b) x_low[m * groups + b / per] += xq.scale[m * blocks + b] * xq.sum[m * blocks + b];
   auto y = at::empty({rows, n_out}, x.options());
   const uint8_t* w = nibbles.data_ptr<uint8_t>();
   const uint8_t* w_end = w + n_out * (k / 2);
@@ -237,29 +245,32 @@ at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& nibbles, const at:
     float offset[ROW_TILE], dots[ROW_TILE];
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* row = w + n * (k / 2);
-      const float* row_scale = sc + n * blocks;
-      const float* row_low = lo + n * blocks;
+      const float* row_scale = sc + n * groups;
+      const float* row_low = lo + n * groups;
       // the group scales and low ends are two more streams, read first thing in a row: fetched 16 rows ahead, a
       // pass over a draft's 80 MB of int4 weights after a 1 GB read took 3.6 ms against 3.8 (median of 37)
-      prefetch(row_scale + SCALES_AHEAD * blocks, sc + n_out * blocks);
-      prefetch(row_low + SCALES_AHEAD * blocks, lo + n_out * blocks);
+      prefetch(row_scale + SCALES_AHEAD * groups, sc + n_out * groups);
+      prefetch(row_low + SCALES_AHEAD * groups, lo + n_out * groups);
       for (int64_t m0 = 0; m0 < rows; m0 += ROW_TILE) {
         const int64_t tile = std::min(ROW_TILE, rows - m0);
         for (int64_t t = 0; t < tile; ++t) {
           const float* xs = xq.scale.data() + (m0 + t) * blocks;
-          const float* xl = x_low.data() + (m0 + t) * blocks;
+          const float* xl = x_low.data() + (m0 + t) * groups;
           float* dt = d.data() + t * blocks;
-          // the groups' low ends: sum_b low[n, b] * x_low[b], 8 groups a step, out of the nibble loop
+          // the groups' low ends: sum_g low[n, g] * x_low[g], 8 groups a step, out of the nibble loop
           __m256 lows = _mm256_setzero_ps();
-          int64_t b = 0;
-          for (; b + 8 <= blocks; b += 8) {
-            _mm256_storeu_ps(dt + b, _mm256_mul_ps(_mm256_loadu_ps(xs + b), _mm256_loadu_ps(row_scale + b)));
-            lows = _mm256_fmadd_ps(_mm256_loadu_ps(row_low + b), _mm256_loadu_ps(xl + b), lows);
-          }
+          int64_t g = 0;
+          for (; g + 8 <= groups; g += 8)
+            lows = _mm256_fmadd_ps(_mm256_loadu_ps(row_low + g), _mm256_loadu_ps(xl + g), lows);
           offset[t] = horizontal_sum(lows);
-          for (; b < blocks; ++b) {
-            dt[b] = xs[b] * row_scale[b];
-            offset[t] += row_low[b] * xl[b];
+          for (; g < groups; ++g) offset[t] += row_low[g] * xl[g];
+          if (per == 1) {  // a scale per block: 8 blocks a step
+            int64_t b = 0;
+            for (; b + 8 <= blocks; b += 8)
+              _mm256_storeu_ps(dt + b, _mm256_mul_ps(_mm256_loadu_ps(xs + b), _mm256_loadu_ps(row_scale + b)));
+            for (; b < blocks; ++b) dt[b] = xs[b] * row_scale[b];
+          } else {
+            for (int64_t b = 0; b < blocks; ++b) dt[b] = xs[b] * row_scale[b / per];
           }
         }
         const int8_t* xt = xo.data() + m0 * k;

@@ -32,7 +32,7 @@ NAME = "specbench_cpu_matvec"  # the extension's name, and its build folder's
 CLAIM = "specbench.lock"  # in the build folder: flock'ed by the process building or loading the kernels
 SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels, attention on inductor's
 REQUIRED_FLAGS = ("avx2", "fma")
-BLOCK = 32  # activation block and int4 weight group: the kernels' unit
+BLOCK = 32  # activation block, the kernels' unit; an int4 weight group is 1, 2, 4 or 8 of them
 MAX_HEAD_DIM = 128  # cpu_attention.cpp's largest head dim (a query held in 16 AVX2 registers), checked there too
 _loaded = False  # whether `available()` registered the ops in this process
 
@@ -169,8 +169,9 @@ def int8_matvec(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> t
 
 
 def int4_matvec(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32 @ w.T → [M, N], w[n, k] = q[n, k] · scale[n, k/32] + low[n, k/32] with q packed by
-    `pack_nibbles`; x rounded to int8 per block of 32."""
+    """x [M, K] float32 @ w.T → [M, N], w[n, k] = q[n, k] · scale[n, k/G] + low[n, k/G] with q packed by
+    `pack_nibbles`; x rounded to int8 per block of 32. The weight group G is read off scale [N, ceil(K/G)]: 32
+    times the fewest blocks (1, 2, 4, ...) that make its columns; a last group may be shorter (576 at 128)."""
     return _ops("int4_matvec").int4_matvec(x, nibbles, scale, low)
 
 

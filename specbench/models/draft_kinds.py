@@ -53,6 +53,8 @@ class DraftKind:
 
 
 DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
+INT4_GROUPS = (32, 64, 128, 256)  # int4 group sizes (draft.group_size): the ones torch's int4 kernels take
+DEFAULT_INT4_GROUP = 128  # GPTQ/AWQ checkpoints' group; 32 is llama.cpp's Q4 block, the embedded target's own grid
 
 AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kinds the job can use
 # The embedded pair's drafts per device class, best first, from end-to-end runs of
@@ -60,6 +62,10 @@ AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kin
 # when a run separates it. The evidence folder of each class is beside it; docs/fast-path.md has the table.
 # "cuda": a kind whose formats have no CUDA kernel in this torch is skipped (`device_refusal`); int4 first, as it
 # streams a quarter of the bf16 bytes (analysis/gpu_h200/).
+# Caveat: every int4 entry below was measured with copies in groups of 32, the embedded target's own Q4_1 grid, where
+# a copy agrees ~96% (an artefact); at group 128, now the default, they agree 72-75% against W8A16's 95%
+# (analysis/draft_agreement_groups_cpu_avx512/). Their step costs at 128 are not measured yet: re-derive this table
+# from a paired speed run of w4a16h8-g128 / w8a16 / ngram per class before trusting int4's rank.
 DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     # AMX: w4a16h8 / W8A16 1.10x [1.01, 1.26] per prompt at gamma 5; n-gram about w4a16h8's median but 0.35-1.34x
     # of it by prompt (analysis/fast_path_w4a16h8_concat_cpu_amx/)
@@ -160,7 +166,7 @@ def _load_w8a16(target, pair_cfg, draft_cfg, load_model, vocab):
 def _load_w4a16(target, pair_cfg, draft_cfg, load_model, vocab, head: str = "int4"):
     from specbench.models.quant import quantize_w4a16_cached
 
-    return quantize_w4a16_cached(target, vocab, head), None
+    return quantize_w4a16_cached(target, vocab, head, draft_cfg.group_size), None
 
 
 def _ngram(pair: Pair) -> Draft:
@@ -194,7 +200,7 @@ DRAFT_KINDS.register(
     "w4a16",
     DraftKind(
         load=_load_w4a16,
-        label=lambda target, p, d: f"w4a16({target})",
+        label=lambda target, p, d: f"w4a16-g{d.group_size}({target})",  # rows of two group sizes never mix
         build=_model_draft,
         weights="int4",
     ),
@@ -203,7 +209,7 @@ DRAFT_KINDS.register(
     "w4a16h8",  # int4 body, int8 head: the head is where int4 loses agreement (`specbench.models.quant`)
     DraftKind(
         load=functools.partial(_load_w4a16, head="int8"),
-        label=lambda target, p, d: f"w4a16h8({target})",
+        label=lambda target, p, d: f"w4a16h8-g{d.group_size}({target})",
         build=_model_draft,
         weights="int4",
         head="int8",

@@ -2,8 +2,10 @@
 
 W8A16: each nn.Linear becomes int8 weights with one scale per output channel; on CPU with bf16
 activations the matmul runs in torch's int8 weight kernel, so the copy reads half the bytes of
-the bf16 target. W4A16: 4-bit weights with a scale and zero point per group of 32 input
-channels, in torch's CPU int4 kernel: a quarter of the bytes. W4A16 with an int8 head (`head="int8"`):
+the bf16 target. W4A16: 4-bit weights with a scale and zero point per group of `group` input
+channels (128 by default, as GPTQ/AWQ checkpoints; 32 is the embedded target's own Q4_1 grid, on which the
+copy reproduces the target's weights: docs/engines.md), in torch's CPU int4 kernel: a quarter of the bytes.
+Where in_features is not a multiple of the group (SmolLM2's 576 at 128) the last group is shorter, as GPTQ's. W4A16 with an int8 head (`head="int8"`):
 the output head is where int4's rounding costs agreement with the target (SmolLM2-135M, teacher-forced
 greedy agreement over 16 Spec-Bench prompts, scripts/draft_agreement.py: int4 everywhere 90.7%, int8
 head 97.2%, W8A16 95.7%), and it is a fifth of the weights. Activations stay in the model's float dtype in all.
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import time
 
 import torch
 from torch import nn
 
 from specbench.models import choices, cpu_matvec
+from specbench.models.draft_kinds import DEFAULT_INT4_GROUP, INT4_GROUPS
 from specbench.models.kernels import PROBE_ROWS
 from specbench.models.vocab import SubsetHead, restrict_head
 
@@ -82,7 +86,9 @@ def _median_time(run, x: torch.Tensor) -> float:
 
 
 @functools.cache
-def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device) -> int:
+def kernel_rows(
+    kind: str, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device, group: int = 0
+) -> int:
     """The most rows (of `PROBE_ROWS`) up to which the weight-only `kind` kernel (`kernel_source`) beats a dequantized
     GEMM at this shape and dtype on this machine; 0 where it never does, or does not apply (not CPU,
     another dtype). Timed once per machine and software version (`choices.cached`: later processes read
@@ -90,16 +96,19 @@ def kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dty
     source = kernel_source(kind, dtype, device)
     if source is None:
         return 0
-    name = f"kernel_rows {kind} {out_features}x{in_features} {str(dtype).removeprefix('torch.')} source={source}"
-    timings = functools.partial(time_kernel_rows, kind, out_features, in_features, dtype)
+    grouped = f" g{group}" if group else ""  # int4's group size (0: int8, per output channel)
+    name = (
+        f"kernel_rows {kind}{grouped} {out_features}x{in_features} {str(dtype).removeprefix('torch.')} source={source}"
+    )
+    timings = functools.partial(time_kernel_rows, kind, out_features, in_features, dtype, group)
     return choices.cached(name, timings, pick_kernel_rows)[0]
 
 
-def time_kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dtype) -> dict:
+def time_kernel_rows(kind: str, out_features: int, in_features: int, dtype: torch.dtype, group: int = 0) -> dict:
     """{rows: {"kernel": s, "gemm": s}} up to the first row count where the kernel loses. A GEMM's cost does
     not fall as rows grow, so while a kernel takes under half the last GEMM time that GEMM time stands in."""
     linear = nn.Linear(in_features, out_features, bias=False, dtype=dtype)
-    layer = WEIGHT_ONLY_LAYERS[kind](linear, probe=False)
+    layer = weight_only_layer(kind, linear, group, probe=False)
     timings, gemm = {}, 0.0
     with torch.inference_mode():
         for rows in PROBE_ROWS:
@@ -153,7 +162,8 @@ class WeightOnlyLinear(nn.Module):
         if torch.device(device).type == "cuda":
             self.kernel_rows = CUDA_KERNEL_ROWS if self.source else 0
         elif probe:
-            self.kernel_rows = kernel_rows(self.KIND, self.out_features, self.in_features, dtype, device)
+            group = getattr(self, "group", 0)
+            self.kernel_rows = kernel_rows(self.KIND, self.out_features, self.in_features, dtype, device, group)
         else:
             self.kernel_rows = max(PROBE_ROWS) if self.source else 0
 
@@ -198,31 +208,36 @@ class Int8Linear(WeightOnlyLinear):
 
 
 class Int4Linear(WeightOnlyLinear):
-    """y = x @ w4.T (+ bias): w = (q − 8)·scale + zero per group of `GROUP` input channels, q in 0..15."""
+    """y = x @ w4.T (+ bias): w = (q − 8)·scale + zero per group of `group` input channels, q in 0..15; a last group
+    shorter where in_features is not a multiple of `group` (channel c is in group c // group, as GPTQ's g_idx)."""
 
     KIND = "int4"
-    GROUP = 32
 
-    def __init__(self, linear: nn.Linear, probe: bool = True) -> None:
+    def __init__(self, linear: nn.Linear, probe: bool = True, group: int = DEFAULT_INT4_GROUP) -> None:
         super().__init__()
-        n, k, g = linear.out_features, linear.in_features, self.GROUP
-        if k % g:
-            raise ValueError(f"Int4Linear: in_features={k} is not a multiple of the group size {g}")
-        w = linear.weight.detach().float().reshape(n, k // g, g)
-        low, high = w.amin(-1), w.amax(-1)
-        scale = ((high - low) / 15).clamp_min(1e-8)  # [n, k/g]
-        q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).reshape(n, k)
+        n, k = linear.out_features, linear.in_features
+        if group not in INT4_GROUPS:
+            raise ValueError(f"Int4Linear: group={group!r}: must be one of {list(INT4_GROUPS)}")
+        if k % INT4_GROUPS[0]:
+            raise ValueError(f"Int4Linear: in_features={k} is not a multiple of {INT4_GROUPS[0]}")
+        self.group = group
+        # torch's kernels take one group size dividing in_features: the groups' (scale, zero) are repeated per
+        # `kernel_group` channels (576 at 128: per 64), the same weights
+        self.kernel_group = math.gcd(group, k)
+        q, scale, low = int4_quantize(linear.weight.detach(), group)
         # The GEMM path's copy of q, a plain attribute rather than a buffer: a decode step (the kernel)
         # never reads it, so it is not part of the weight bytes a step streams.
         self.unpacked = q.to(torch.uint8)
-        # [k/g, n, 2]: (scale, zero) as torch's kernel takes them; zero = low + 8·scale since q is offset by 8
-        sz = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(linear.weight.dtype)
+        # [k/kernel_group, n, 2]: (scale, zero) as torch's kernel takes them; zero = low + 8·scale since q is offset by 8
+        repeat = group // self.kernel_group
+        sz = torch.stack([scale, low + 8 * scale], -1).repeat_interleave(repeat, 1)[:, : k // self.kernel_group]
+        sz = sz.transpose(0, 1).contiguous().to(linear.weight.dtype)
         self.in_features, self.out_features = k, n
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         device = linear.weight.device
         source = kernel_source(self.KIND, sz.dtype, device)
         if source == "specbench":
-            # its buffers: what its kernel streams (w = q·scale + low per group)
+            # its buffers: what its kernel streams (w = q·scale + low per group, one of each per `group` channels)
             self.register_buffer("nibbles", cpu_matvec.pack_nibbles(self.unpacked))
             self.register_buffer("group_scale", scale.contiguous())
             self.register_buffer("group_low", low.contiguous())
@@ -242,7 +257,7 @@ class Int4Linear(WeightOnlyLinear):
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight [out, in] the kernel multiplies by, in `dtype`."""
-        n, k, g = self.out_features, self.in_features, self.GROUP
+        n, k, g = self.out_features, self.in_features, self.kernel_group
         sz = self.scales_zeros.transpose(0, 1)  # [n, k/g, 2]
         w = (self.unpacked.reshape(n, k // g, g).float() - 8) * sz[..., :1] + sz[..., 1:]
         return w.reshape(n, k).to(dtype)
@@ -252,18 +267,48 @@ class Int4Linear(WeightOnlyLinear):
             return cpu_matvec.int4_matvec(flat.contiguous(), self.nibbles, self.group_scale, self.group_low)
         sz = self.scales_zeros.to(flat.dtype)
         if flat.device.type == "cuda":
-            return torch.ops.aten._weight_int4pack_mm(flat.contiguous(), self.packed, self.GROUP, sz)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.GROUP, sz)
+            return torch.ops.aten._weight_int4pack_mm(flat.contiguous(), self.packed, self.kernel_group, sz)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.kernel_group, sz)
 
     def gemm(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(flat, self.dequantized(flat.dtype))
 
 
+def int4_quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Min/max int4 of weight [n, k] per `group` input channels (the last group shorter where k is not a multiple):
+    q [n, k] float in 0..15, scale and low [n, ceil(k / group)] float32; w ≈ q·scale + low per group."""
+    w = weight.float()
+    k = w.shape[1]
+    low, high = _group_reduce(w, group, torch.amin), _group_reduce(w, group, torch.amax)
+    scale = ((high - low) / 15).clamp_min(1e-8)
+    per_channel = functools.partial(torch.repeat_interleave, repeats=group, dim=1)
+    q = torch.round((w - per_channel(low)[:, :k]) / per_channel(scale)[:, :k]).clamp(0, 15)
+    return q, scale, low
+
+
+def _group_reduce(w: torch.Tensor, group: int, reduce) -> torch.Tensor:
+    """reduce(w [n, k]) over each group of `group` columns (the last one may be shorter) -> [n, ceil(k / group)]."""
+    n, k = w.shape
+    full = k // group * group
+    parts = [reduce(w[:, :full].reshape(n, -1, group), -1)] if full else []
+    if full < k:
+        parts.append(reduce(w[:, full:], -1, keepdim=True))
+    return torch.cat(parts, 1)
+
+
+def weight_only_layer(kind: str, linear: nn.Linear, group: int, probe: bool = True) -> WeightOnlyLinear:
+    """`linear` in weight format `kind` ('int8' | 'int4'); `group` is int4's group size (int8 has none)."""
+    if kind == Int4Linear.KIND:
+        return Int4Linear(linear, probe, group)
+    return WEIGHT_ONLY_LAYERS[kind](linear, probe)
+
+
 WEIGHT_ONLY_LAYERS: dict[str, type[WeightOnlyLinear]] = {cls.KIND: cls for cls in (Int8Linear, Int4Linear)}
 
 
-def _quantize(model: nn.Module, body: str, head: str, vocab: tuple[int, ...] | None) -> nn.Module:
-    """A deep copy of `model` with the output head's linear in format `head` and every other nn.Linear in `body`."""
+def _quantize(model: nn.Module, body: str, head: str, vocab: tuple[int, ...] | None, group: int = 0) -> nn.Module:
+    """A deep copy of `model` with the output head's linear in format `head` and every other nn.Linear in `body`
+    (int4 layers in groups of `group`)."""
     quantized = copy.deepcopy(model)
     if vocab is not None:
         restrict_head(quantized, vocab)  # before quantizing: each output row is quantized on its own
@@ -272,8 +317,7 @@ def _quantize(model: nn.Module, body: str, head: str, vocab: tuple[int, ...] | N
     for _name, module in list(quantized.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                layer = WEIGHT_ONLY_LAYERS[head if child is head_linear else body]
-                setattr(module, child_name, layer(child))
+                setattr(module, child_name, weight_only_layer(head if child is head_linear else body, child, group))
     quantized.eval()
     return quantized
 
@@ -284,12 +328,14 @@ def quantize_w8a16(model: nn.Module, vocab: tuple[int, ...] | None = None) -> nn
     return _quantize(model, "int8", "int8", vocab)
 
 
-def quantize_w4a16(model: nn.Module, vocab: tuple[int, ...] | None = None, head: str = "int4") -> nn.Module:
-    """A deep copy of `model` with every nn.Linear in W4A16 (group size 32), the output head in format
-    `head` ('int4' | 'int8'); `vocab` as for `quantize_w8a16`."""
+def quantize_w4a16(
+    model: nn.Module, vocab: tuple[int, ...] | None = None, head: str = "int4", group: int = DEFAULT_INT4_GROUP
+) -> nn.Module:
+    """A deep copy of `model` with every nn.Linear in W4A16 (groups of `group` input channels), the output head
+    in format `head` ('int4' | 'int8'); `vocab` as for `quantize_w8a16`."""
     if head not in WEIGHT_ONLY_LAYERS:
         raise ValueError(f"head={head!r}: must be one of {sorted(WEIGHT_ONLY_LAYERS)}")
-    quantized = _quantize(model, "int4", head, vocab)
+    quantized = _quantize(model, "int4", head, vocab, group)
     quantized.config.specbench_concat_linears = True  # the fast path fuses q/k/v and gate/up (`static_kv`)
     return quantized
 
@@ -301,19 +347,26 @@ def quantize_w8a16_cached(model: nn.Module, vocab: tuple[int, ...] | None = None
 
 
 @functools.lru_cache(maxsize=4)
-def quantize_w4a16_cached(model: nn.Module, vocab: tuple[int, ...] | None = None, head: str = "int4") -> nn.Module:
-    """`quantize_w4a16`, once per loaded model, vocabulary and head format per process."""
-    return quantize_w4a16(model, vocab, head)
+def quantize_w4a16_cached(
+    model: nn.Module, vocab: tuple[int, ...] | None = None, head: str = "int4", group: int = DEFAULT_INT4_GROUP
+) -> nn.Module:
+    """`quantize_w4a16`, once per loaded model, vocabulary, head format and group size per process."""
+    return quantize_w4a16(model, vocab, head, group)
 
 
 def kernel_choices(model: nn.Module) -> dict[str, int]:
     """Per quantized weight shape, the rows up to which its layers use their kernel (for job records)."""
-    return {f"{m.KIND} {m.out_features}x{m.in_features}": m.kernel_rows for m in _weight_only(model)}
+    return {f"{_format(m)} {m.out_features}x{m.in_features}": m.kernel_rows for m in _weight_only(model)}
 
 
 def kernel_sources(model: nn.Module) -> dict[str, str | None]:
     """Per weight format in `model`, whose kernel its layers run: 'specbench', 'torch' or None (for job records)."""
     return {m.KIND: m.source for m in _weight_only(model)}
+
+
+def _format(layer: WeightOnlyLinear) -> str:
+    """'int8', or 'int4 g<group>'."""
+    return f"{layer.KIND} g{layer.group}" if isinstance(layer, Int4Linear) else layer.KIND
 
 
 def _weight_only(model: nn.Module) -> list[WeightOnlyLinear]:
