@@ -13,8 +13,8 @@ from specbench.bench.workloads import Prompt, render_prompt
 from specbench.config import DraftConfig, ForwardConfig, ModelConfig, PairConfig
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.forward import ForwardPath, capacity_for, check_context
-from specbench.decoding.policies import POLICIES
 from specbench.decoding.forward_choice import choose_for
+from specbench.decoding.policies import POLICIES
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.decoding.timing import PhaseTimer

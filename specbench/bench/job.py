@@ -30,9 +30,9 @@ from specbench.bench.telemetry import JobTelemetry
 from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
 from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for, check_context
+from specbench.decoding.forward_choice import choose_for
 from specbench.engines import ENGINES, SERVER, open_engines, runs_in
 from specbench.llama_cpp.servers import llama_threads
-from specbench.decoding.forward_choice import choose_for
 from specbench.models import choices
 from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, device_refusal, draft_class, resolve_kind, takes_decode_kv
 from specbench.models.kernels import linear_kernels
