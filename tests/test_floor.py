@@ -9,8 +9,9 @@ import torch
 from conftest import tiny_llama
 from synthetic import synthetic_sweep
 
-from specbench.analysis.floor import hardware_limit
+from specbench.analysis.floor import bandwidth_spread, hardware_limit
 from specbench.bench.microbench import FLOOR_COLUMNS, bench_weight_stream, streamed_weight_bytes
+from specbench.models import cpu_bf16
 from specbench.models.quant import quantize_w8a16
 from specbench.report import build_report
 
@@ -39,6 +40,9 @@ def test_stream_probe_rows():
     rows = bench_weight_stream(torch.float32, "cpu", probe_bytes=8 << 20, repeats=3)
     assert [(r["probe"], r["repeat"]) for r in rows] == [(p, i) for p in ("matvec", "read") for i in range(3)]
     assert all(r["probe_bytes"] == 8 << 20 and r["t_stream"] > 0 for r in rows)
+    assert {r["threads"] for r in rows} == {torch.get_num_threads()}
+    probes = {r["probe"] for r in bench_weight_stream(torch.bfloat16, "cpu", probe_bytes=1 << 20, repeats=1)}
+    assert probes == ({"matvec", "read", "kernel"} if cpu_bf16.available() else {"matvec", "read"})
 
 
 def _timing(**extra) -> pd.DataFrame:
@@ -48,9 +52,11 @@ def _timing(**extra) -> pd.DataFrame:
 
 def _floor(draft_bytes: int = 135_000_000) -> pd.DataFrame:
     keys = {"hardware": "cpu:x", "dtype": "bfloat16", "target": "t", "draft": "d"}
-    # matvec: 270 MB in 27, 18 and 20 ms: 10, 15 and 13.5 GB/s, median 13.5 GB/s; read: 27 GB/s.
-    rows = [("matvec", 270_000_000, 0, t, 270_000_000, draft_bytes) for t in (0.027, 0.018, 0.020)]
-    rows += [("read", 270_000_000, 0, 0.010, 270_000_000, draft_bytes)]
+    # matvec: 270 MB in 27, 18 and 20 ms: 10, 15 and 13.5 GB/s, median 13.5 GB/s; read: 27 GB/s at best
+    # (13.5 and 27: median 20.25); kernel: 18 GB/s.
+    rows = [("matvec", 270_000_000, i, t, 2, 270_000_000, draft_bytes) for i, t in enumerate((0.027, 0.018, 0.020))]
+    rows += [("read", 270_000_000, i, t, 2, 270_000_000, draft_bytes) for i, t in enumerate((0.020, 0.010))]
+    rows += [("kernel", 270_000_000, 0, 0.015, 2, 270_000_000, draft_bytes)]
     return pd.DataFrame(rows, columns=FLOOR_COLUMNS).assign(**keys)
 
 
@@ -64,8 +70,15 @@ def test_hardware_limit_hand_values():
     assert math.isclose(row["cd_over_floor"], 2.4)
     assert math.isclose(row["read_bandwidth"], 27e9) and math.isclose(row["target_floor_read"], 0.010)
     assert math.isclose(row["ct1_over_floor_read"], 4.0) and math.isclose(row["cd_over_floor_read"], 4.8)
-    old = hardware_limit(_timing(), _floor().query("probe == 'matvec'").drop(columns="probe")).iloc[0]
+    assert math.isclose(row["read_bandwidth_median"], 20.25e9)  # the floor takes the best read, not the median
+    assert math.isclose(row["ct1_floor_share_read"], 0.25) and math.isclose(row["ct1_floor_share"], 0.5)
+    assert math.isclose(row["kernel_bandwidth"], 18e9) and math.isclose(row["ct1_over_floor_kernel"], 0.040 / 0.015)
+    spread = bandwidth_spread(_floor()).set_index("probe")
+    assert spread.loc["read", "n"] == 2 and math.isclose(spread.loc["read", "bw_min"], 13.5e9)
+    assert math.isclose(spread.loc["read", "bw_max"], 27e9) and spread.loc["read", "threads"] == 2
+    old = hardware_limit(_timing(), _floor().query("probe == 'matvec'").drop(columns=["probe", "threads"])).iloc[0]
     assert math.isclose(old["ct1_over_floor"], 2.0) and math.isnan(old["ct1_over_floor_read"])  # runs before the probe
+    assert math.isnan(old["ct1_over_floor_kernel"])
     ngram = hardware_limit(_timing(), _floor(draft_bytes=0)).iloc[0]
     assert math.isnan(ngram["draft_floor"]) and math.isnan(ngram["cd_over_floor"])  # no weights, no floor
     assert hardware_limit(_timing(), None).empty

@@ -5,8 +5,8 @@ compute-bound, so the cost model fits a monotone curve to these points rather th
 guessing C_t(γ+1) from a line. Each forward is rolled back, so the context stays fixed.
 
 A decode step must read every weight once, so (weight bytes ÷ streaming bandwidth) is the
-floor under C_t1 and under a draft step; the bandwidth is measured with the same kind of
-op a decode step runs (one k = 1 linear over a matrix far larger than the caches).
+floor under C_t1 and under a draft step: at the best read bandwidth measured (the hardware
+limit), and at the rate of the one-row linear a library runs (what that kernel could reach).
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from transformers import PreTrainedModel
 from specbench.decoding.kvcache import CachedLM
 from specbench.decoding.static_kv import StaticLM
 from specbench.decoding.timing import PhaseTimer
+from specbench.models import cpu_bf16
 from specbench.models.kernels import aten_gemv
 
 CT_COLUMNS = ["batch_size", "k", "context_len", "repeat", "t_forward"]
-FLOOR_COLUMNS = ["probe", "probe_bytes", "repeat", "t_stream", "target_weight_bytes", "draft_weight_bytes"]
+FLOOR_COLUMNS = [
+    "probe", "probe_bytes", "repeat", "t_stream", "threads", "target_weight_bytes", "draft_weight_bytes"
+]
 
 
 def bench_target_forward(
@@ -84,12 +87,15 @@ def streamed_weight_bytes(model: nn.Module | None) -> int:
 
 
 def bench_weight_stream(
-    dtype: torch.dtype, device: torch.device | str, probe_bytes: int | None = None, repeats: int = 5, hidden: int = 2048
+    dtype: torch.dtype, device: torch.device | str, probe_bytes: int | None = None, repeats: int = 7, hidden: int = 2048
 ) -> list[dict]:
-    """Rows (probe, probe_bytes, repeat, t_stream seconds) over a `probe_bytes` matrix (256 MiB on CPU,
-    1 GiB on CUDA: far past the last-level cache). Two probes: `matvec`, one [1, hidden] x [hidden, N]
-    linear in `dtype` (the op a decode step runs, at the library's best kernel for one row), and `read`, a sum over the
-    same bytes (how fast this machine can read them at all: a kernel can do no better)."""
+    """Rows (probe, probe_bytes, repeat, t_stream seconds, threads) over a `probe_bytes` matrix (256 MiB on
+    CPU, 1 GiB on CUDA: far past the last-level cache), the probes taking turns each repeat so a busy
+    neighbour hits them alike. Probes: `matvec`, one [1, hidden] x [hidden, N] linear in `dtype` through
+    the library (torch's one-row kernel); `read`, a sum over the same bytes (how fast this machine reads them
+    at all: no kernel can do better; on CPU specbench's own wide-load sum split across all of torch's threads,
+    `cpu_bf16.stream_sum`, elsewhere torch's sum); and on CPU in bf16 with specbench's kernels built, `kernel`,
+    the same linear through specbench's bf16 kernel (`cpu_bf16.bf16_matvec`)."""
     device = torch.device(device)
     probe_bytes = probe_bytes or (1 << 30 if device.type == "cuda" else 256 << 20)
     element = torch.empty((), dtype=dtype).element_size()
@@ -99,17 +105,26 @@ def bench_weight_stream(
     # bf16 on CPU: ATen's gemv, the kernel a tuned CpuLinear runs at one row (torch's default reorders
     # the weight on every call and streamed at about half that rate here).
     linear = aten_gemv if (dtype == torch.bfloat16 and device.type == "cpu") else nn.functional.linear
-    probes = {"matvec": lambda: linear(x, weight), "read": lambda: flat.sum()}
+    own = device.type == "cpu" and cpu_bf16.available()
+    probes = {
+        "matvec": lambda: linear(x, weight),
+        "read": (lambda: cpu_bf16.stream_sum(flat)) if own and flat.dtype == torch.float32 else (lambda: flat.sum()),
+    }
+    if own and dtype == torch.bfloat16:
+        probes["kernel"] = lambda: cpu_bf16.bf16_matvec(x, weight)
     timer = PhaseTimer(device)
-    marks = []
-    for probe, run in probes.items():
+    for run in probes.values():
         run()  # first call pays one-off costs; not recorded
-        for repeat in range(repeats):
+    marks = []
+    for repeat in range(repeats):
+        for probe, run in probes.items():
             start = timer.mark()
             run()
             marks.append((probe, repeat, start, timer.mark()))
     seconds = timer.resolve()
-    nbytes = weight.numel() * element
-    return [
-        {"probe": p, "probe_bytes": nbytes, "repeat": r, "t_stream": seconds[e] - seconds[s]} for p, r, s, e in marks
+    nbytes, threads = weight.numel() * element, torch.get_num_threads()
+    rows = [
+        {"probe": p, "probe_bytes": nbytes, "repeat": r, "t_stream": seconds[e] - seconds[s], "threads": threads}
+        for p, r, s, e in marks
     ]
+    return sorted(rows, key=lambda row: (list(probes).index(row["probe"]), row["repeat"]))

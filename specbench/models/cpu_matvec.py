@@ -27,7 +27,7 @@ import torch
 
 from specbench.bench.envinfo import cpu_isa_flags
 
-SOURCES = (Path(__file__).with_name("cpu_matvec.cpp"), Path(__file__).with_name("cpu_attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("cpu_matvec.cpp", "cpu_attention.cpp", "cpu_bf16.cpp"))
 NAME = "specbench_cpu_matvec"  # the extension's name, and its build folder's
 CLAIM = "specbench.lock"  # in the build folder: flock'ed by the process building or loading the kernels
 SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels, attention on inductor's

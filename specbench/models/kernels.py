@@ -7,7 +7,9 @@ ATen's gemv falls far behind, while the prepacked kernel's time stays nearly fla
 (so a verify forward of γ + 1 costs little more than one row). Its result equals torch's default bit
 for bit; the gemv's can differ in the last bf16 bit (a different summation order). `CpuLinear` keeps
 the weight and a prepacked copy, and takes the gemv up to the rows where it was measured faster for
-its shape.
+its shape. Up to `own_rows` rows (at most `cpu_bf16.MAX_ROWS`) it takes specbench's own bf16 kernel
+(`cpu_bf16.cpp`: each weight streamed once across all threads) where that was measured faster than both;
+that kernel is an op `torch.compile` calls too, so the compiled fast path runs it in place of inductor's GEMM.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 import torch
 from torch import nn
 
-from specbench.models import choices
+from specbench.models import choices, cpu_bf16
 
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which two kernels of one layer are timed (here and in quant)
 PROBE_BYTES = 48 << 20  # weight copies per probed shape: past the last-level cache
@@ -114,15 +116,61 @@ def pick_gemv_rows(timings: dict) -> int:
     return best
 
 
+@functools.cache
+def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> int:
+    """The most rows (of `PROBE_ROWS`, at most `cpu_bf16.MAX_ROWS`) up to which specbench's bf16 kernel beats
+    both of torch's (ATen's gemv and the prepacked or default kernel) for this shape; 0 where it never does or
+    is not built. Timed once per machine and software version (`choices.cached`) by `time_own_rows`, decided
+    by `pick_own_rows`."""
+    if not cpu_bf16.available():
+        return 0
+    name = f"own_rows bf16 {out_features}x{in_features} prepacked={prepacked} stream={stream_bytes}"
+    timings = functools.partial(time_own_rows, out_features, in_features, prepacked, stream_bytes)
+    return choices.cached(name, timings, pick_own_rows)[0]
+
+
+def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> dict:
+    """{rows: {"own": s, "gemv": s, "other": s}} up to the first row count where specbench's kernel is not
+    clearly faster than both, over weight copies adding up to `stream_bytes` (as `time_gemv_rows`)."""
+    copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
+    layers = [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
+    kernels = {
+        "own": [m.own for m in layers],
+        "gemv": [m.gemv for m in layers],
+        "other": [m.prepacked if prepacked else m.torch_default for m in layers],
+    }
+    timings = {}
+    with torch.inference_mode():
+        for rows in (r for r in PROBE_ROWS if r <= cpu_bf16.MAX_ROWS):
+            x = torch.randn(rows, in_features, dtype=torch.bfloat16)
+            t = interleaved_medians({name: lambda fs=fs, x=x: [f(x) for f in fs] for name, fs in kernels.items()})
+            timings[str(rows)] = t
+            if not clearly_faster(t["own"], min(t["gemv"], t["other"])):
+                break
+    return timings
+
+
+def pick_own_rows(timings: dict) -> int:
+    """The rule: the most rows up to which specbench's kernel was clearly faster (`clearly_faster`) than the
+    faster of torch's two, counting up from the fewest rows of `{rows: {"own": s, "gemv": s, "other": s}}`."""
+    best = 0
+    for rows, t in sorted((int(rows), t) for rows, t in timings.items()):
+        if not clearly_faster(t["own"], min(t["gemv"], t["other"])):
+            break
+        best = rows
+    return best
+
+
 class CpuLinear(nn.Linear):
     """An nn.Linear (same parameters, so ties, quantizers and state dicts see no difference) whose bf16
-    CPU forward takes ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them.
+    CPU forward takes specbench's bf16 kernel up to `own_rows` rows (also inside a `torch.compile` trace),
+    else ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them.
 
-    Anything else (another dtype or device, autograd, a `torch.compile` trace, which prepacks on its own)
-    runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
+    Anything else (another dtype or device, autograd, a `torch.compile` trace past `own_rows`, which
+    inductor prepacks on its own) runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
     its own on first use, since `__getstate__` leaves it out: opaque oneDNN tensors cannot be copied)."""
 
-    def __init__(self, linear: nn.Linear, gemv_rows: int = 1) -> None:
+    def __init__(self, linear: nn.Linear, gemv_rows: int = 1, own_rows: int = 0) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate and initialise a weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameters: a tied head stays tied
@@ -130,11 +178,19 @@ class CpuLinear(nn.Linear):
         self.can_prepack = prepack_supported()
         self.packed: torch.Tensor | None = None
         self.gemv_rows = gemv_rows  # measured per shape by `tune_cpu_linears`
+        if own_rows and not cpu_bf16.available():
+            raise ValueError(f"CpuLinear own_rows={own_rows}: specbench's bf16 kernel is not built here; allowed: 0")
+        self.own_rows = min(own_rows, cpu_bf16.MAX_ROWS)  # measured per shape by `tune_cpu_linears`
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["packed"] = None  # an opaque oneDNN tensor cannot be copied; the copy repacks on first use
         return state
+
+    def own(self, x: torch.Tensor) -> torch.Tensor:
+        """specbench's bf16 kernel (`cpu_bf16.bf16_matvec`), called as the op so a compiled graph keeps it."""
+        y = torch.ops.specbench.bf16_matvec(x.reshape(-1, self.in_features), self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         return aten_gemv(x, self.weight, self.bias)
@@ -152,15 +208,17 @@ class CpuLinear(nn.Linear):
         return nn.functional.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tuned = (
+        plain = (
             x.device.type == "cpu"
             and x.dtype == self.weight.dtype == torch.bfloat16
-            and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         )
-        if not tuned:
+        rows = x.numel() // max(1, x.shape[-1])
+        if plain and rows <= self.own_rows:
+            return self.own(x)
+        if not plain or torch.compiler.is_compiling():
             return super().forward(x)
-        if x.numel() // max(1, x.shape[-1]) <= self.gemv_rows:
+        if rows <= self.gemv_rows:
             return self.gemv(x)
         return self.prepacked(x) if self.can_prepack else self.torch_default(x)
 
@@ -179,7 +237,8 @@ def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
         return {}
     prepacked, stream = prepack_supported(), min(PROBE_BYTES, packed_bytes)
     for parent, name, child in linears:
-        layer = CpuLinear(child, gemv_rows(child.out_features, child.in_features, prepacked, stream))
+        shape = (child.out_features, child.in_features, prepacked, stream)
+        layer = CpuLinear(child, gemv_rows(*shape), own_rows(*shape))
         layer.pack()
         setattr(parent, name, layer)
     return linear_kernels(model)
@@ -188,6 +247,11 @@ def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
 def linear_kernels(model: nn.Module) -> dict[str, int]:
     """Per CpuLinear weight shape, the rows up to which it takes ATen's gemv (for job records)."""
     return {f"bf16 {m.out_features}x{m.in_features}": m.gemv_rows for m in model.modules() if isinstance(m, CpuLinear)}
+
+
+def own_kernel_rows(model: nn.Module) -> dict[str, int]:
+    """Per CpuLinear weight shape, the rows up to which it takes specbench's bf16 kernel (for job records)."""
+    return {f"bf16 {m.out_features}x{m.in_features}": m.own_rows for m in model.modules() if isinstance(m, CpuLinear)}
 
 
 def physical_memory() -> int:

@@ -1,0 +1,238 @@
+// bf16 weights streamed once per step for a few activation rows (a decode step: 1 row; a verify: gamma + 1), and
+// the read-bandwidth probe: a plain sum of a buffer. Both split their bytes across all of torch's threads
+// (at::parallel_for), each thread reading one contiguous run, the way ggml's mul_mat splits weight rows.
+// Two ISA paths, picked per call: AVX-512-BF16 (vdpbf16ps: bf16 x bf16 products summed in fp32) and AVX2 + FMA
+// (bf16 -> fp32 by a 16-bit shift). The AVX-512 functions carry their own target attribute, so the extension is
+// still built with -mavx2 only and loads on any AVX2 machine. Built into the same extension as `cpu_matvec.cpp`
+// (`specbench.models.cpu_matvec.available`).
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t MAX_ROWS = 8;  // activation rows per pass over the weights; more rows make more passes
+constexpr int64_t GRAIN = 16;    // output features per thread at least (a tiny layer runs on one thread)
+enum Isa : int64_t { AUTO = 0, AVX2 = 1, AVX512_BF16 = 2 };
+
+bool cpu_has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
+// AUTO follows torch's kernel level: ATEN_CPU_CAPABILITY=avx2 (or default) forces the AVX2 path, as it does torch's.
+Isa resolve(int64_t isa) {
+  TORCH_CHECK(isa >= AUTO && isa <= AVX512_BF16, "specbench bf16 kernels: isa ", isa,
+              " is not one of 0 (auto), 1 (avx2), 2 (avx512_bf16)");
+  if (isa == AVX512_BF16) {
+    TORCH_CHECK(cpu_has_avx512_bf16(), "specbench bf16 kernels: isa 2 (avx512_bf16) asked on a CPU without it");
+    return AVX512_BF16;
+  }
+  if (isa == AVX2) return AVX2;
+  // torch's own level is not exported to extensions: read its switch as torch does (unset: the best the CPU has)
+  static const bool forced_below_avx512 = [] {
+    const char* level = std::getenv("ATEN_CPU_CAPABILITY");
+    return level != nullptr && *level != '\0' && std::string(level).rfind("avx512", 0) != 0;
+  }();
+  return !forced_below_avx512 && cpu_has_avx512_bf16() ? AVX512_BF16 : AVX2;
+}
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+
+inline float bf16_value(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// 8 bf16 -> 8 fp32: the bits moved to the high half.
+inline __m256 load8_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+// AVX2: R activation rows (fp32, [R, K]) against weight rows [begin, end) of w [N, K]; out[r * N + n] in fp32.
+template <int R>
+void rows_avx2(const float* x, const uint16_t* w, int64_t K, int64_t begin, int64_t end, int64_t N, float* out) {
+  const int64_t K16 = K / 16 * 16;
+  for (int64_t n = begin; n < end; ++n) {
+    const uint16_t* wn = w + n * K;
+    __m256 a0[R], a1[R];
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K16; k += 16) {
+      const __m256 w0 = load8_bf16(wn + k), w1 = load8_bf16(wn + k + 8);
+      for (int r = 0; r < R; ++r) {
+        a0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), a0[r]);
+        a1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * K + k + 8), a1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float s = hsum256(_mm256_add_ps(a0[r], a1[r]));
+      for (int64_t k = K16; k < K; ++k) s += bf16_value(wn[k]) * x[r * K + k];
+      out[r * N + n] = s;
+    }
+  }
+}
+
+// AVX-512-BF16: R activation rows (bf16, [R, K]) against weight rows [begin, end) of w, W of them a pass (independent
+// sums hide vdpbf16ps' latency when R is small); fp32 sums of exact products.
+template <int R, int W>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) int64_t pass_avx512(const uint16_t* x, const uint16_t* w,
+                                                                           int64_t K, int64_t begin, int64_t end,
+                                                                           int64_t N, float* out) {
+  const int64_t K32 = K / 32 * 32;
+  const __mmask32 tail = (__mmask32)((1ull << (K - K32)) - 1);
+  int64_t n = begin;
+  for (; n + W <= end; n += W) {
+    __m512 acc[W][R];
+    for (int j = 0; j < W; ++j)
+      for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K32; k += 32) {
+      for (int j = 0; j < W; ++j) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (n + j) * K + k);
+        for (int r = 0; r < R; ++r)
+          acc[j][r] = _mm512_dpbf16_ps(acc[j][r], wv, (__m512bh)_mm512_loadu_si512(x + r * K + k));
+      }
+    }
+    if (K32 < K) {
+      for (int j = 0; j < W; ++j) {
+        const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + (n + j) * K + K32);
+        for (int r = 0; r < R; ++r)
+          acc[j][r] = _mm512_dpbf16_ps(acc[j][r], wv, (__m512bh)_mm512_maskz_loadu_epi16(tail, x + r * K + K32));
+      }
+    }
+    for (int j = 0; j < W; ++j)
+      for (int r = 0; r < R; ++r) out[r * N + n + j] = _mm512_reduce_add_ps(acc[j][r]);
+  }
+  return n;  // the first row not done (end, or fewer than W rows before it)
+}
+
+template <int R>
+void rows_avx512(const uint16_t* x, const uint16_t* w, int64_t K, int64_t begin, int64_t end, int64_t N, float* out) {
+  constexpr int W = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
+  const int64_t n = pass_avx512<R, W>(x, w, K, begin, end, N, out);
+  if (n < end) pass_avx512<R, 1>(x, w, K, n, end, N, out);
+}
+
+template <int R>
+void run_rows(Isa isa, const float* xf, const uint16_t* xb, const uint16_t* w, int64_t K, int64_t N, float* out) {
+  at::parallel_for(0, N, GRAIN, [&](int64_t begin, int64_t end) {
+    if (isa == AVX512_BF16)
+      rows_avx512<R>(xb, w, K, begin, end, N, out);
+    else
+      rows_avx2<R>(xf, w, K, begin, end, N, out);
+  });
+}
+
+using RowsFn = void (*)(Isa, const float*, const uint16_t*, const uint16_t*, int64_t, int64_t, float*);
+constexpr RowsFn ROWS[MAX_ROWS] = {run_rows<1>, run_rows<2>, run_rows<3>, run_rows<4>,
+                                   run_rows<5>, run_rows<6>, run_rows<7>, run_rows<8>};
+
+// x [M, K] bf16 or fp32 @ weight [N, K] bf16 .T (+ bias [N]) -> [M, N] in x's dtype. isa: 0 auto, 1 AVX2, 2 AVX-512.
+at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       int64_t isa_arg) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+              "bf16_matvec: x [M, K] and weight [N, K] with one K; got x ", x.sizes(), ", weight ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16, "bf16_matvec: weight dtype ", weight.scalar_type(),
+              "; allowed: bfloat16");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "bf16_matvec: x dtype ",
+              x.scalar_type(), "; allowed: bfloat16, float32");
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && weight.is_contiguous(),
+              "bf16_matvec: CPU tensors and a contiguous weight");
+  const Isa isa = resolve(isa_arg);
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
+  // Each path reads the activations in its own type: one conversion per call (ggml converts them once too).
+  const at::Tensor xs = x.to(isa == AVX512_BF16 ? at::kBFloat16 : at::kFloat).contiguous();
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
+    const int64_t rows = std::min(MAX_ROWS, M - m0);
+    const float* xf = isa == AVX2 ? xs.data_ptr<float>() + m0 * K : nullptr;
+    const uint16_t* xb = isa == AVX512_BF16
+                             ? reinterpret_cast<const uint16_t*>(xs.data_ptr<at::BFloat16>()) + m0 * K
+                             : nullptr;
+    ROWS[rows - 1](isa, xf, xb, w, K, N, out.data_ptr<float>() + m0 * N);
+  }
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+// The read probe: the sum of a float32 buffer, each thread one contiguous part with 4 independent sums of one
+// vector width (AVX-512 where the matvec's path is), partial sums added at the end.
+float sum_avx2(const float* p, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  }
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+__attribute__((target("avx512f"))) float sum_avx512(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return s + sum_avx2(p + i, n - i);
+}
+
+at::Tensor stream_sum(const at::Tensor& buffer, int64_t isa_arg) {
+  TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.is_contiguous() && buffer.device().is_cpu(),
+              "stream_sum: a contiguous float32 CPU tensor; got ", buffer.scalar_type());
+  const Isa isa = resolve(isa_arg);
+  const float* p = buffer.data_ptr<float>();
+  const int64_t n = buffer.numel();
+  const int threads = at::get_num_threads();
+  std::vector<float> partial(threads, 0.f);
+  const int64_t chunk = (n + threads - 1) / threads;
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
+      partial[t] = isa == AVX512_BF16 ? sum_avx512(p + lo, hi - lo) : sum_avx2(p + lo, hi - lo);
+    }
+  });
+  float s = 0.f;
+  for (float v : partial) s += v;
+  return at::scalar_tensor(s, buffer.options());
+}
+
+int64_t bf16_isa(int64_t isa) { return resolve(isa); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specbench, m) {
+  m.def("bf16_matvec(Tensor x, Tensor weight, Tensor? bias, int isa=0) -> Tensor");
+  m.def("stream_sum(Tensor buffer, int isa=0) -> Tensor");
+  m.def("bf16_isa(int isa=0) -> int", &bf16_isa);
+}
+
+TORCH_LIBRARY_IMPL(specbench, CPU, m) {
+  m.impl("bf16_matvec", &bf16_matvec);
+  m.impl("stream_sum", &stream_sum);
+}

@@ -1,0 +1,110 @@
+"""specbench's bf16 weight kernel and read probe (`specbench.models.cpu_bf16`): results equal an fp32 reference
+to bf16 rounding on both ISA paths, ATEN_CPU_CAPABILITY picks the path, a compiled graph calls (and fuses) it,
+and the kernel choice follows its rule on given timings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_llama
+from torch import nn
+from torch._dynamo.utils import counters
+
+from specbench.models import cpu_bf16
+from specbench.models.kernels import CpuLinear, pick_own_rows
+from specbench.models.matvec_fusion import FUSION_PASS, weights_fingerprint
+
+if not cpu_bf16.available():
+    pytest.skip("specbench's kernels are not available here (no AVX2/FMA or no compiler)", allow_module_level=True)
+
+ISAS = [cpu_bf16.AVX2, cpu_bf16.AVX512_BF16]
+needs = {cpu_bf16.AVX512_BF16: "avx512_bf16"}
+
+
+def _isa_param(isa: int):
+    try:
+        cpu_bf16.isa_path(isa)
+    except RuntimeError:
+        return pytest.param(isa, marks=pytest.mark.skip(reason="this CPU has no AVX-512-BF16"))
+    return isa
+
+
+@pytest.mark.parametrize("isa", [_isa_param(i) for i in ISAS])
+@pytest.mark.parametrize("shape", [(96, 64), (37, 70), (5, 33), (300, 576), (64, 1536)])
+def test_matvec_equals_an_fp32_reference(isa, shape):
+    """Rows 1..9 (9 = one pass of 8 and one of 1), odd K (masked / scalar tails), odd N (a weight row alone)."""
+    n, k = shape
+    g = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16)
+    for rows in (1, 2, 3, 4, 5, 8, 9):
+        x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+        ref = x.double() @ w.double().T + bias.double()
+        y = cpu_bf16.bf16_matvec(x, w, bias, isa)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+        # fp32 sums, one bf16 rounding of the result: within 2^-8 of each output's scale
+        scale = (x.double().abs() @ w.double().abs().T + bias.double().abs()).clamp_min(1e-6)
+        assert ((y.double() - ref).abs() / scale).max() < 2**-7, (isa, shape, rows)
+        y32 = cpu_bf16.bf16_matvec(x.float(), w, None, isa)  # fp32 activations: fp32 out
+        assert y32.dtype == torch.float32
+        torch.testing.assert_close(y32.double(), x.double() @ w.double().T, atol=1e-3, rtol=1e-4)
+
+
+def test_bad_inputs_are_named():
+    w = torch.zeros(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="weight dtype Float; allowed: bfloat16"):
+        cpu_bf16.bf16_matvec(torch.zeros(1, 8), w.float())
+    with pytest.raises(RuntimeError, match="isa 7 is not one of"):
+        cpu_bf16.bf16_matvec(torch.zeros(1, 8), w, None, 7)
+
+
+def test_stream_sum_is_the_buffers_sum():
+    buf = torch.rand(1_000_003, generator=torch.Generator().manual_seed(0))
+    for isa in (cpu_bf16.AUTO, cpu_bf16.AVX2):
+        assert abs(cpu_bf16.stream_sum(buf, isa).item() - buf.double().sum().item()) < 1e-4 * buf.numel()
+
+
+def test_aten_cpu_capability_avx2_takes_the_avx2_path():
+    code = "from specbench.models import cpu_bf16; cpu_bf16.available(); print(cpu_bf16.isa_path())"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "avx2"
+
+
+def test_pick_own_rows_on_given_timings():
+    t = {"1": {"own": 0.5, "gemv": 1.0, "other": 2.0}, "2": {"own": 0.9, "gemv": 1.0, "other": 0.95}}
+    assert pick_own_rows(t) == 1  # at 2 rows 0.9 is not under 0.9 x the faster of torch's (0.95)
+    t["2"].update(gemv=2.0, other=2.0)
+    assert pick_own_rows(t) == 2
+    assert pick_own_rows({"1": {"own": 1.0, "gemv": 1.0, "other": 1.0}}) == 0  # a tie goes to torch's
+
+
+def test_compiled_graph_calls_the_kernel_and_fuses_shared_inputs():
+    """~10 s: a tiny model whose bf16 linears take the kernel; compiled with freezing and the fusion pass, its
+    q/k/v and gate/up calls become one each, and its logits match eager's to bf16 rounding."""
+    import torch._inductor.config as inductor
+
+    model = tiny_llama(0, dtype=torch.bfloat16).eval()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, CpuLinear(child, own_rows=8))
+    ids = torch.randint(0, 96, (1, 3), generator=torch.Generator().manual_seed(1))
+    FUSION_PASS.weights = weights_fingerprint(model)
+    before = counters["specbench"]["fused_matvec_calls"]
+    with torch.inference_mode(), inductor.patch(freezing=True, post_grad_custom_pre_pass=FUSION_PASS):
+        eager = model(ids).logits
+        compiled = torch.compile(model, dynamic=False)(ids).logits
+    assert counters["specbench"]["fused_matvec_calls"] - before == 2 * (2 + 1)  # per layer: q/k/v -> 1, gate/up -> 1
+    torch.testing.assert_close(compiled.float(), eager.float(), atol=0.05, rtol=0.02)
+
+
+def test_weights_fingerprint_sees_parameters():
+    """The fusion pass's cache key: two models of one shape with other bf16 weights (parameters) must differ,
+    or inductor's cache would hand one the other's fused weights."""
+    a, b = tiny_llama(0, dtype=torch.bfloat16), tiny_llama(1, dtype=torch.bfloat16)
+    assert weights_fingerprint(a) != weights_fingerprint(b)
