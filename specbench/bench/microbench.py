@@ -24,9 +24,7 @@ from specbench.models import cpu_bf16
 from specbench.models.kernels import aten_gemv
 
 CT_COLUMNS = ["batch_size", "k", "context_len", "repeat", "t_forward"]
-FLOOR_COLUMNS = [
-    "probe", "probe_bytes", "repeat", "t_stream", "threads", "target_weight_bytes", "draft_weight_bytes"
-]
+FLOOR_COLUMNS = ["probe", "probe_bytes", "repeat", "t_stream", "threads", "target_weight_bytes", "draft_weight_bytes"]
 
 
 def bench_target_forward(

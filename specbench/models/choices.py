@@ -35,7 +35,16 @@ from platformdirs import user_cache_dir
 from specbench.bench.envinfo import cpu_isa_flags, cpu_model
 
 HERE = Path(__file__).parent
-SOURCES = ("cpu_matvec.cpp", "cpu_attention.cpp", "cpu_bf16.cpp", "cpu_matvec.py", "kernels.py", "quant.py", "loading.py", "choices.py")
+SOURCES = (
+    "cpu_matvec.cpp",
+    "cpu_attention.cpp",
+    "cpu_bf16.cpp",
+    "cpu_matvec.py",
+    "kernels.py",
+    "quant.py",
+    "loading.py",
+    "choices.py",
+)
 SWITCHES = ("ATEN_CPU_CAPABILITY", "SPECBENCH_CPU_MATVEC")
 _used: dict[str, dict] = {}  # this process's choices: name -> {"chosen", "timings", "from"}
 _thread_lock = threading.RLock()
