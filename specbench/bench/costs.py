@@ -4,12 +4,16 @@ job's batch size, and the weight-streaming floor beside both models' weight byte
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from specbench.bench.microbench import bench_target_forward, bench_weight_stream, streamed_weight_bytes
-from specbench.config import Config
 from specbench.decoding.forward import target_ks
 from specbench.models.pair import Pair
+
+if TYPE_CHECKING:  # annotations only: config reads the engines registry, whose engines time their costs here
+    from specbench.config import Config
 
 CT_KEYS = ("hardware", "dtype", "forward", "target", "pair", "shape_only")  # what the cost model matches C_t(k) rows on
 

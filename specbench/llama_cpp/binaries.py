@@ -18,7 +18,7 @@ class LlamaCppMissing(FileNotFoundError):
 
 def default_bin_dir() -> Path:
     """Where `scripts/build_llama_cpp.sh` installs the binaries: <specbench cache>/llama.cpp/bin."""
-    from specbench.models.loading import default_cache_dir
+    from specbench.models.choices import default_cache_dir
 
     return default_cache_dir() / "llama.cpp" / "bin"
 

@@ -8,16 +8,19 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from specbench.config import Config
 from specbench.decoding.decoder import DecodeResult
 from specbench.llama_cpp.binaries import find_tool
 from specbench.llama_cpp.costs import bench_costs
 from specbench.llama_cpp.decoder import llama_cpp_decode
 from specbench.llama_cpp.ggufs import gguf_path
 from specbench.llama_cpp.server import LlamaServer, ServerSpec
+
+if TYPE_CHECKING:
+    from specbench.config import Config  # annotations only: config reads the engines registry, which names this module
 
 
 def llama_threads(cfg: Config) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from specbench.models.int4_groups import DEFAULT_INT4_GROUP, INT4_GROUPS  # noqa: F401 - re-exported for config
 from specbench.registry import Registry
 
 if TYPE_CHECKING:
@@ -53,8 +54,6 @@ class DraftKind:
 
 
 DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
-INT4_GROUPS = (32, 64, 128, 256)  # int4 group sizes (draft.group_size): the ones torch's int4 kernels take
-DEFAULT_INT4_GROUP = 128  # GPTQ/AWQ checkpoints' group; 32 is llama.cpp's Q4 block, the embedded target's own grid
 
 AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kinds the job can use
 # The embedded pair's drafts per device class, best first, from end-to-end runs of

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specbench.config import DTYPES as DTYPE_NAMES
+from specbench.config.components import DTYPES as DTYPE_NAMES
 from specbench.models import choices
 from specbench.models.choices import default_cache_dir  # noqa: F401 - specbench's cache folder, used from here
 from specbench.models.kernels import CpuLinear, clearly_faster, interleaved_medians, prepack_supported

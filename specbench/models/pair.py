@@ -7,10 +7,10 @@ import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specbench.config import DraftConfig, ModelConfig, PairConfig
 from specbench.decoding.drafts import Draft
 from specbench.decoding.forward import ForwardPath
 from specbench.models.draft_kinds import AUTO, DRAFT_KINDS, resolve_kind
@@ -24,6 +24,9 @@ from specbench.models.loading import (
     resolve_dtype,
 )
 from specbench.models.vocab import frequent_tokens
+
+if TYPE_CHECKING:  # annotations only: config reads the engines registry, whose engines load pairs
+    from specbench.config import DraftConfig, ModelConfig, PairConfig
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from specbench.models import choices, cpu_matvec
-from specbench.models.draft_kinds import DEFAULT_INT4_GROUP, INT4_GROUPS
+from specbench.models.int4_groups import DEFAULT_INT4_GROUP, INT4_GROUPS
 from specbench.models.kernels import PROBE_ROWS
 from specbench.models.vocab import SubsetHead, restrict_head
 
