@@ -65,7 +65,7 @@ def test_launcher_configs_compose():
 def _run(args: list[str], runs: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "specbench", EAGER, *args, f"runs_dir={runs}"],
+        [sys.executable, "-m", "specbench", *args, f"runs_dir={runs}", EAGER],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -148,7 +148,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     args = ["+sweep=gamma", *TINY, "max_new_tokens=24", "workload.n_prompts=3", "warmup=0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specbench", EAGER, *args, f"runs_dir={tmp_path}"],
+        [sys.executable, "-m", "specbench", *args, f"runs_dir={tmp_path}", EAGER],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

@@ -132,7 +132,7 @@ def test_a_job_records_its_auto_choices(tmp_path):
     args = ["pair=tiny", "pair.dtype=auto", "draft=w8a16", "workload=synthetic", "report=false", "ct_bench=false"]
     args += ["max_new_tokens=4", "workload.n_prompts=1", "sweep_name=auto", f"runs_dir={tmp_path / 'runs'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "SPECBENCH_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run([sys.executable, "-m", "specbench", EAGER, *args], capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, "-m", "specbench", *args, EAGER], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = (tmp_path / "runs").glob("auto/*")
     record = json.loads((job / "done.json").read_text())["auto_choices"]

@@ -63,8 +63,8 @@ def test_this_machine_has_a_compiler_so_auto_compiles_here(target):
     assert choose_for("auto", "default", "cpu", target.config).path == "compiled"
 
 
-def test_auto_is_the_config_default_and_forward_path_needs_it_resolved():
-    assert ForwardConfig().path == "auto"
+def test_eager_stays_the_default_until_a_cold_compile_fits_the_sweep_and_auto_must_be_resolved():
+    assert ForwardConfig().path == "eager"  # docs/fast-path.md: cold compile 252 s + 77 s a job here
     with pytest.raises(ValueError, match="resolve auto first"):
         ForwardPath("auto")
 

@@ -86,7 +86,7 @@ def test_cli_refuses_a_prompt_past_the_models_context(tmp_path):
     args = ["pair=tiny", "draft=ngram", "workload=synthetic", "workload.n_prompts=1", "workload.prompt_tokens=2045"]
     args += ["max_new_tokens=8", "warmup=0", "ct_bench=false", "report=false", f"runs_dir={tmp_path}"]
     result = subprocess.run(
-        [sys.executable, "-m", "specbench", EAGER, *args], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-m", "specbench", *args, EAGER], capture_output=True, text=True, timeout=300, env=env
     )
     assert result.returncode == 1, result.stderr[-2000:]
     said = result.stdout + result.stderr  # Hydra's job log goes to stdout

@@ -165,7 +165,7 @@ def test_two_workers_share_one_journal_study(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "specbench", EAGER, *args, f"hydra.run.dir={tmp_path / f'w{i}'}"],
+            [sys.executable, "-m", "specbench", *args, f"hydra.run.dir={tmp_path / f'w{i}'}", EAGER],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

@@ -136,13 +136,13 @@ def test_job_labels_rows_with_the_head_size(tmp_path):
     args = ["pair=tiny", "draft=w8a16", "draft.vocab_top=64", "workload=synthetic", "report=false"]
     args += ["max_new_tokens=6", "workload.n_prompts=2", "sweep_name=v", f"runs_dir={tmp_path}", "gamma=2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "specbench", EAGER, *args], capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, "-m", "specbench", *args, EAGER], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = tmp_path.glob("v/*")
     rounds = pd.read_parquet(job / "rounds.parquet")
     assert set(rounds.draft) == {"w8a16(tiny-llama)+top64"}
     bad = subprocess.run(
-        [sys.executable, "-m", "specbench", EAGER, *args[:2], "draft.vocab_top=99999", *args[3:]],
+        [sys.executable, "-m", "specbench", *args[:2], "draft.vocab_top=99999", *args[3:], EAGER],
         capture_output=True,
         text=True,
         env=env,
