@@ -6,6 +6,9 @@ C_o, C_t1 from all of them. Then predict `confidence_stop` at every tau of a gri
 compare with held-out runs at those tau (never seen by the fit). Then n-gram lookup that proposes
 nothing without a match (draft.ngram_fill=false): the model with and without the no-draft term.
 
+Prompts: the first `--per-category` of each Spec-Bench category (13 at 1), chat-templated: at 4 prompts x 32
+tokens two runs of the same command differed by 8 points of held-out error (sampling noise at T = 1).
+
 python scripts/policy_cost_model.py --out analysis/draft_policies/cost_model  (eager path, fp32, 1 thread)
 """
 
@@ -27,6 +30,7 @@ from specbench.analysis.policy_model import (
     predict_policy,
 )
 from specbench.analysis.timing import TimingProfile
+from specbench.bench.workloads import SPEC_BENCH_ENV, default_spec_bench_path, render_prompt, spec_bench_for_script
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.kvcache import CachedLM
@@ -35,13 +39,6 @@ from specbench.decoding.records import ROUND_COLUMNS, to_frame
 from specbench.decoding.sampling import SamplingConfig
 from specbench.models.loading import eos_ids, load_model
 from specbench.models.quant import quantize_w8a16
-
-PROMPTS = [
-    "Repeat this sentence twice: the quick brown fox jumps over the lazy dog near the river bank.",
-    "Summarize: The meeting moved to Tuesday. The budget review moved to Tuesday. Everyone must attend on Tuesday.",
-    "Write a short story about a robot who learns to paint.",
-    "Explain why the sky is blue in simple words.",
-]
 
 
 def run(target, make_draft, prompts, gamma, sampling, tokens, eos, seed, policy="fixed", tau=0.0):
@@ -88,14 +85,19 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--taus", type=float, nargs="+", default=[0.2, 0.4, 0.6, 0.8])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--per-category", type=int, default=1, help="Spec-Bench prompts per category")
+    ap.add_argument(
+        "--spec-bench", default=default_spec_bench_path(), help=f"default: ${SPEC_BENCH_ENV}, else %(default)s"
+    )
     ap.add_argument("--out", default="analysis/draft_policies/cost_model")
     args = ap.parse_args()
+    chosen = spec_bench_for_script(args.spec_bench, limit_per_category=args.per_category)  # before any model loads
     torch.set_num_threads(args.threads)
     t0 = time.time()
     target, tok = load_model("embedded", dtype="float32")
     draft_model = quantize_w8a16(target)
     eos = eos_ids(tok, target)
-    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    prompts = [tok(render_prompt(p, tok), add_special_tokens=False)["input_ids"] for p in chosen]
     t1 = SamplingConfig(temperature=1.0)
     model = lambda: ModelDraft(draft_model)  # noqa: E731
     g_max = args.gamma
@@ -120,7 +122,7 @@ def main() -> None:
 
     # n-gram lookup proposing nothing without a match: the old model (every round drafts gamma) vs the new term
     ng_rows = []
-    for g in (2, g_max):
+    for g in sorted({2, 3, g_max}):
         ng = run(target, lambda: NgramDraft(target.config.vocab_size, fill=False), prompts, g, t1, args.tokens, eos, 0)
         share = no_draft_share(ng)
         ng_curve, ng_timing = fit_accept_curve(ng), DraftFree(timing, ng)
@@ -133,6 +135,8 @@ def main() -> None:
             ng_rows.append({"gamma": g, "model": name, "no_draft_share": share,
                             "pred_accept_length": p["accept_length"], "meas_accept_length": meas["accept_length"],
                             "err_accept_length": p["accept_length"] / meas["accept_length"] - 1,
+                            "pred_t_round": p["t_round"], "meas_t_round": meas["t_round"],
+                            "err_t_round": p["t_round"] / meas["t_round"] - 1,
                             "pred_speedup": p["predicted_speedup"], "meas_speedup": speed,
                             "err_speedup": p["predicted_speedup"] / speed - 1})  # fmt: skip
     ngram = pd.DataFrame(ng_rows)
@@ -150,13 +154,15 @@ def main() -> None:
         },
         "ngram_median_abs_err": {
             k: ngram.groupby("model")[f"err_{k}"].apply(lambda s: s.abs().median()).to_dict()
-            for k in ("accept_length", "speedup")
+            for k in ("accept_length", "t_round", "speedup")
         },
         "timing": {
             "ct1": timing.c_t1(),
             "cd": [timing.c_d(g) for g in range(g_max + 1)],
             "ct": [float(timing.c_t(k)) for k in range(1, g_max + 2)],
         },  # fmt: skip
+        "prompts": len(prompts),
+        "tokens": args.tokens,
         "seconds": time.time() - t0,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
