@@ -90,6 +90,7 @@ def main() -> None:
         "--spec-bench", default=default_spec_bench_path(), help=f"default: ${SPEC_BENCH_ENV}, else %(default)s"
     )
     ap.add_argument("--out", default="analysis/draft_policies/cost_model")
+    ap.add_argument("--rows", help="also write every run's round rows as parquet into this folder")
     args = ap.parse_args()
     chosen = spec_bench_for_script(args.spec_bench, limit_per_category=args.per_category)  # before any model loads
     torch.set_num_threads(args.threads)
@@ -102,7 +103,8 @@ def main() -> None:
     model = lambda: ModelDraft(draft_model)  # noqa: E731
     g_max = args.gamma
 
-    ar = run(target, None, prompts, 0, t1, args.tokens, eos, 0)
+    runs = {}  # name -> round rows, for --rows
+    ar = runs["plain"] = run(target, None, prompts, 0, t1, args.tokens, eos, 0)
     fixed = {g: run(target, model, prompts, g, t1, args.tokens, eos, 0) for g in sorted({1, 2, g_max})}
     timing = TimingProfile.from_rounds(pd.concat([ar, *fixed.values()], ignore_index=True))
     curve = fit_accept_curve(fixed[g_max])
@@ -110,7 +112,9 @@ def main() -> None:
     choice = choose_tau(fixed[g_max], curve, timing, "confidence_stop", grid, g_max, draft_stops=True)
     rows = []
     for tau in args.taus:
-        held = run(target, model, prompts, g_max, t1, args.tokens, eos, 0, "confidence_stop", tau)
+        held = runs[f"confidence_stop_{tau}"] = run(
+            target, model, prompts, g_max, t1, args.tokens, eos, 0, "confidence_stop", tau
+        )
         pred = predict_policy(fixed[g_max], curve, timing, "confidence_stop", tau, g_max, draft_stops=True)
         meas = measured_policy(held)
         meas["speedup"] = meas["accept_length"] * timing.c_t1() / meas["t_round"]
@@ -123,7 +127,9 @@ def main() -> None:
     # n-gram lookup proposing nothing without a match: the old model (every round drafts gamma) vs the new term
     ng_rows = []
     for g in sorted({2, 3, g_max}):
-        ng = run(target, lambda: NgramDraft(target.config.vocab_size, fill=False), prompts, g, t1, args.tokens, eos, 0)
+        ng = runs[f"ngram_g{g}"] = run(
+            target, lambda: NgramDraft(target.config.vocab_size, fill=False), prompts, g, t1, args.tokens, eos, 0
+        )
         share = no_draft_share(ng)
         ng_curve, ng_timing = fit_accept_curve(ng), DraftFree(timing, ng)
         # old: every round drafts gamma (fitted on the rounds that drafted); new: each round what it proposed
@@ -140,6 +146,11 @@ def main() -> None:
                             "pred_speedup": p["predicted_speedup"], "meas_speedup": speed,
                             "err_speedup": p["predicted_speedup"] / speed - 1})  # fmt: skip
     ngram = pd.DataFrame(ng_rows)
+    runs.update({f"fixed_g{g}": df for g, df in fixed.items()})
+    if args.rows:
+        Path(args.rows).mkdir(parents=True, exist_ok=True)
+        for name, df in runs.items():
+            df.to_parquet(Path(args.rows) / f"{name}.parquet")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     curve.to_csv(out / "accept_curve.csv", index=False)

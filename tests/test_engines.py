@@ -138,6 +138,7 @@ def test_the_engines_sweep_runs_every_engine_with_its_baseline_in_one_job():
     cfg = to_config(raw)
     assert (cfg.workload.kind, cfg.max_new_tokens, cfg.batch_size, cfg.threads) == ("spec_bench", 128, 1, 2)
     assert cfg.sampling.build().greedy and cfg.workload.limit_per_category == 1  # 13 prompts, one per category
+    assert cfg.forward.path == "auto"  # the engines face specbench's fast path, not the eager reference
     names = decoders(cfg)
     assert set(names) == set(ENGINES.names())
     assert {ENGINES.get(n).baseline for n in names} <= set(names)
