@@ -30,7 +30,7 @@ from specbench.analysis.policy_model import (
     predict_policy,
 )
 from specbench.analysis.timing import TimingProfile
-from specbench.bench.workloads import SPEC_BENCH_ENV, default_spec_bench_path, render_prompt, spec_bench_for_script
+from specbench.bench.workloads import SPEC_BENCH_ENV, default_spec_bench_path, prompt_ids, spec_bench_for_script
 from specbench.decoding.decoder import autoregressive_decode, speculative_decode
 from specbench.decoding.drafts import ModelDraft, NgramDraft
 from specbench.decoding.kvcache import CachedLM
@@ -98,7 +98,7 @@ def main() -> None:
     target, tok = load_model("embedded", dtype="float32")
     draft_model = quantize_w8a16(target)
     eos = eos_ids(tok, target)
-    prompts = [tok(render_prompt(p, tok), add_special_tokens=False)["input_ids"] for p in chosen]
+    prompts = [prompt_ids(p, tok) for p in chosen]
     t1 = SamplingConfig(temperature=1.0)
     model = lambda: ModelDraft(draft_model)  # noqa: E731
     g_max = args.gamma
@@ -106,6 +106,7 @@ def main() -> None:
     runs = {}  # name -> round rows, for --rows
     ar = runs["plain"] = run(target, None, prompts, 0, t1, args.tokens, eos, 0)
     fixed = {g: run(target, model, prompts, g, t1, args.tokens, eos, 0) for g in sorted({1, 2, g_max})}
+    runs.update({f"fixed_g{g}": df for g, df in fixed.items()})
     timing = TimingProfile.from_rounds(pd.concat([ar, *fixed.values()], ignore_index=True))
     curve = fit_accept_curve(fixed[g_max])
     grid = [round(0.05 * k, 2) for k in range(0, 20)]
@@ -146,7 +147,6 @@ def main() -> None:
                             "pred_speedup": p["predicted_speedup"], "meas_speedup": speed,
                             "err_speedup": p["predicted_speedup"] / speed - 1})  # fmt: skip
     ngram = pd.DataFrame(ng_rows)
-    runs.update({f"fixed_g{g}": df for g, df in fixed.items()})
     if args.rows:
         Path(args.rows).mkdir(parents=True, exist_ok=True)
         for name, df in runs.items():

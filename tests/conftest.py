@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: no hub, no retries
 
@@ -22,9 +23,15 @@ keyed_cache_dir()
 torch.set_num_threads(1)
 
 VOCAB = 96
-# The eager reference, pinned by every test that runs jobs, the API or the tuner and is not about the fast path:
-# the default, forward=auto, compiles (tests/test_fast_path.py and test_forward_choice.py cover it).
+# The eager reference, pinned by every test that runs jobs, the API or the tuner and is not about the fast path, so
+# they stay eager when the default becomes forward=auto (tests/test_fast_path.py and test_forward_choice.py cover it).
 EAGER = "forward=eager"
+
+
+def eager_cli(*args: str) -> list[str]:
+    """`python -m specbench <args> forward=eager`: the pin goes last, since Hydra's parser refuses overrides that
+    come after an option such as -m or --config-dir once one came before it."""
+    return [sys.executable, "-m", "specbench", *args, EAGER]
 
 
 def tiny_llama(seed: int, layers: int = 2, vocab: int = VOCAB, dtype=torch.float64) -> LlamaForCausalLM:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import EAGER
+from conftest import eager_cli
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
@@ -65,7 +64,7 @@ def test_launcher_configs_compose():
 def _run(args: list[str], runs: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "specbench", *args, f"runs_dir={runs}", EAGER],
+        eager_cli(*args, f"runs_dir={runs}"),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -148,7 +147,7 @@ def test_killed_sweep_resumes_without_rerunning_or_duplicating(tmp_path):
     args = ["+sweep=gamma", *TINY, "max_new_tokens=24", "workload.n_prompts=3", "warmup=0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specbench", *args, f"runs_dir={tmp_path}", EAGER],
+        eager_cli(*args, f"runs_dir={tmp_path}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

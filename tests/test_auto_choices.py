@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EAGER
+from conftest import eager_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,7 +132,7 @@ def test_a_job_records_its_auto_choices(tmp_path):
     args = ["pair=tiny", "pair.dtype=auto", "draft=w8a16", "workload=synthetic", "report=false", "ct_bench=false"]
     args += ["max_new_tokens=4", "workload.n_prompts=1", "sweep_name=auto", f"runs_dir={tmp_path / 'runs'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "SPECBENCH_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run([sys.executable, "-m", "specbench", *args, EAGER], capture_output=True, text=True, env=env)
+    result = subprocess.run(eager_cli(*args), capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = (tmp_path / "runs").glob("auto/*")
     record = json.loads((job / "done.json").read_text())["auto_choices"]

@@ -64,7 +64,7 @@ def test_this_machine_has_a_compiler_so_auto_compiles_here(target):
 
 
 def test_eager_stays_the_default_until_a_cold_compile_fits_the_sweep_and_auto_must_be_resolved():
-    assert ForwardConfig().path == "eager"  # docs/fast-path.md: cold compile 252 s + 77 s a job here
+    assert ForwardConfig().path == "eager"  # the cold compile's cost: analysis/engines_cpu_avx512/
     with pytest.raises(ValueError, match="resolve auto first"):
         ForwardPath("auto")
 

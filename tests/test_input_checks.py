@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-from conftest import EAGER
+from conftest import eager_cli
 
 import specbench
 from specbench.bench.workloads import WorkloadError, load_jsonl_prompts
@@ -85,9 +84,7 @@ def test_cli_refuses_a_prompt_past_the_models_context(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     args = ["pair=tiny", "draft=ngram", "workload=synthetic", "workload.n_prompts=1", "workload.prompt_tokens=2045"]
     args += ["max_new_tokens=8", "warmup=0", "ct_bench=false", "report=false", f"runs_dir={tmp_path}"]
-    result = subprocess.run(
-        [sys.executable, "-m", "specbench", *args, EAGER], capture_output=True, text=True, timeout=300, env=env
-    )
+    result = subprocess.run(eager_cli(*args), capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 1, result.stderr[-2000:]
     said = result.stdout + result.stderr  # Hydra's job log goes to stdout
     assert "2045 tokens" in said and "max_new_tokens=8" in said and "context of 2048" in said

@@ -7,12 +7,11 @@ import copy
 import json
 import os
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import torch
-from conftest import EAGER, tiny_llama
+from conftest import eager_cli, tiny_llama
 from torch import nn
 
 from specbench.config import PairConfig
@@ -130,7 +129,7 @@ def test_job_records_the_linear_kernels_and_labels_rows(setting, tmp_path):
     args = ["pair=tiny", "pair.dtype=bfloat16", f"pair.cpu_linear={setting}", "draft=model", "workload=synthetic"]
     args += ["report=false", "max_new_tokens=6", "workload.n_prompts=2", "sweep_name=k", f"runs_dir={tmp_path}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "specbench", *args, EAGER], capture_output=True, text=True, env=env)
+    result = subprocess.run(eager_cli(*args), capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = tmp_path.glob("k/*")
     record = json.loads((job / "done.json").read_text())["cpu_linear"]

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import EAGER
+from conftest import eager_cli
 
 from specbench.bench import runstore as rs
 
@@ -282,7 +282,7 @@ _ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBU
 def _sb(args: list[str], cwd: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """`python -m specbench <args>` in `cwd`, a real Hydra run."""
     return subprocess.run(
-        [sys.executable, "-m", "specbench", *args, EAGER],
+        eager_cli(*args),
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -481,7 +481,7 @@ def _results(sweep: Path) -> dict[str, pd.DataFrame]:
 @pytest.mark.parametrize("sweep", [[], ["-m", "gamma=1,2,3"]], ids=["one_job", "one_sweep"])
 def test_two_workers_race_each_job_runs_once_and_results_match_one_worker(tmp_path: Path, sweep: list[str]) -> None:
     args = [*sweep, *TINY_JOB, "sweep_name=race"]
-    cmd = [sys.executable, "-m", "specbench", *args, EAGER]
+    cmd = eager_cli(*args)
     workers = [
         subprocess.Popen(
             [*cmd, "runs_dir=runs"], cwd=tmp_path, env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE

@@ -14,7 +14,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
-from conftest import EAGER
+from conftest import EAGER, eager_cli
 from hydra import compose, initialize_config_dir
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
@@ -165,7 +165,7 @@ def test_two_workers_share_one_journal_study(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "specbench", *args, f"hydra.run.dir={tmp_path / f'w{i}'}", EAGER],
+            eager_cli(*args, f"hydra.run.dir={tmp_path / f'w{i}'}"),
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

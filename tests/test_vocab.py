@@ -6,12 +6,11 @@ import functools
 import json
 import os
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import torch
-from conftest import EAGER, VOCAB, hf_greedy
+from conftest import VOCAB, eager_cli, hf_greedy
 
 from specbench.audit import AuditSettings, make_decoder, run_audit, tiny_pair
 from specbench.config import DraftConfig
@@ -136,13 +135,13 @@ def test_job_labels_rows_with_the_head_size(tmp_path):
     args = ["pair=tiny", "draft=w8a16", "draft.vocab_top=64", "workload=synthetic", "report=false"]
     args += ["max_new_tokens=6", "workload.n_prompts=2", "sweep_name=v", f"runs_dir={tmp_path}", "gamma=2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "specbench", *args, EAGER], capture_output=True, text=True, env=env)
+    result = subprocess.run(eager_cli(*args), capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     (job,) = tmp_path.glob("v/*")
     rounds = pd.read_parquet(job / "rounds.parquet")
     assert set(rounds.draft) == {"w8a16(tiny-llama)+top64"}
     bad = subprocess.run(
-        [sys.executable, "-m", "specbench", *args[:2], "draft.vocab_top=99999", *args[3:], EAGER],
+        eager_cli(*args[:2], "draft.vocab_top=99999", *args[3:]),
         capture_output=True,
         text=True,
         env=env,

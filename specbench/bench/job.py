@@ -27,7 +27,7 @@ from specbench.bench.protocol import (
     warm_up,
 )
 from specbench.bench.telemetry import JobTelemetry
-from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, render_prompt
+from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, prompt_ids
 from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for, check_context
 from specbench.decoding.forward_choice import choose_for
@@ -96,13 +96,7 @@ def _encode(cfg: Config, pair: Pair, prompts: list[Prompt] | None) -> list[Encod
             EncodedPrompt(p.prompt_id, p.category, pad_to_tokens(p, pair.tokenizer, w.context_tokens, docs))
             for p in prompts
         ]
-    encoded = []
-    for p in prompts:
-        text = render_prompt(p, pair.tokenizer)
-        encoded.append(
-            EncodedPrompt(p.prompt_id, p.category, pair.tokenizer(text, add_special_tokens=False)["input_ids"])
-        )
-    return encoded
+    return [EncodedPrompt(p.prompt_id, p.category, prompt_ids(p, pair.tokenizer)) for p in prompts]
 
 
 def check_shape_only_workload(cfg: Config) -> None:

@@ -46,6 +46,11 @@ def render_prompt(prompt: Prompt, tokenizer: Any) -> str:
     return "\n\n".join(m["content"] for m in prompt.messages)
 
 
+def prompt_ids(prompt: Prompt, tokenizer: Any) -> list[int]:
+    """Token ids of `prompt` as the target sees it (`render_prompt`; the template carries any special tokens)."""
+    return tokenizer(render_prompt(prompt, tokenizer), add_special_tokens=False)["input_ids"]
+
+
 def load_builtin(categories: Iterable[str] | None = None, limit_per_category: int | None = None) -> list[Prompt]:
     """The prompt set shipped with specbench (chat, code, math, summarization, translation, qa, rag)."""
     ref = resources.files("specbench") / "data" / BUILTIN_FILE
@@ -295,10 +300,7 @@ def pad_to_tokens(prompt: Prompt, tokenizer: Any, tokens: int, documents: list[P
     already at least `tokens` long is returned whole: the real length is recorded in `prompt_tokens`.
     """
 
-    def encode(p: Prompt) -> list[int]:
-        return tokenizer(render_prompt(p, tokenizer), add_special_tokens=False)["input_ids"]
-
-    ids = encode(prompt)
+    ids = prompt_ids(prompt, tokenizer)
     if len(ids) >= tokens:
         return ids
     filler = tokenizer(
@@ -309,11 +311,8 @@ def pad_to_tokens(prompt: Prompt, tokenizer: Any, tokens: int, documents: list[P
 
     def padded(n: int) -> list[int]:
         content = f"Reference material:\n\n{tokenizer.decode(filler[:n])}\n\n---\n\n{last['content']}"
-        return encode(
-            Prompt(
-                prompt.prompt_id, prompt.category, prompt.messages[:-1] + [{**last, "content": content}], prompt.source
-            )
-        )
+        messages = prompt.messages[:-1] + [{**last, "content": content}]
+        return prompt_ids(Prompt(prompt.prompt_id, prompt.category, messages, prompt.source), tokenizer)
 
     if len(padded(len(filler))) < tokens:
         raise WorkloadError(

@@ -69,9 +69,8 @@ DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     # AMX: w4a16h8 / W8A16 1.10x [1.01, 1.26] per prompt at gamma 5; n-gram about w4a16h8's median but 0.35-1.34x
     # of it by prompt (analysis/fast_path_w4a16h8_concat_cpu_amx/)
     "amx": ("w4a16h8", "w8a16", "ngram", "w4a16"),
-    # AVX-512 without AMX, re-derived through +sweep=engines (compiled, Spec-Bench, 128 tokens, gamma 4; honest
-    # group-128 int4): no draft beats the fast baseline (W8A16 0.81x, w4a16h8 0.85x, n-gram 0.67x, w4a16 0.65x),
-    # none separated from W8A16, so it stays first (analysis/engines_cpu_avx512/, analysis/engines_drafts_cpu_avx512/)
+    # AVX-512 without AMX, from +sweep=engines with group-128 int4: no draft beats the fast baseline and none is
+    # separated from W8A16, so it stays first (analysis/engines_cpu_avx512/, analysis/engines_drafts_cpu_avx512/)
     "avx512": ("w8a16", "w4a16h8", "ngram", "w4a16"),
     # AVX2 in fp32 (dtype=auto's choice there; specbench's cpu_matvec kernels): both self-drafts clearly above the
     # fast baseline in two runs, n-gram not separated from 1; w4a16h8 / W8A16 never separated, first as on AMX
