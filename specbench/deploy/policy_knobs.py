@@ -8,8 +8,8 @@ The knobs, read off each engine's documentation and source:
 * llama.cpp: `--spec-draft-p-min` stops drafting at position i, without x_i, when the draft's *top*
   probability max_v q_i(v) is below it (common/speculative.cpp, draft-simple: `cur_p->data[0].p < p_min` on
   the candidates sorted by p, in the probabilistic `--spec-draft-sampling` mode too). It reads q_i, not the
-  sampled token, so it is a decision taken before sampling: lossless (by reading the source; not audited
-  here). It stands for `confidence_stop` (which reads q(x_i) and keeps x_i) approximately. No schedule knob.
+  sampled token, so it is a decision taken before sampling: lossless (audited at T = 1,
+  analysis/draft_policies/). It stands for `confidence_stop` (which reads q(x_i) and keeps x_i) approximately. No schedule knob.
 * vLLM (`--speculative-config`) and SGLang (`--speculative-*`): no per-token confidence threshold and no
   per-request schedule of γ (vLLM's dynamic speculative decoding varies γ per batch size, written apart).
 """
