@@ -76,11 +76,20 @@ def test_aten_cpu_capability_avx2_takes_the_avx2_path():
 
 
 def test_pick_own_rows_on_given_timings():
-    t = {"1": {"own": 0.5, "gemv": 1.0, "other": 2.0}, "2": {"own": 0.9, "gemv": 1.0, "other": 0.95}}
-    assert pick_own_rows(t) == 1  # at 2 rows 0.9 is not under 0.9 x the faster of torch's (0.95)
+    t = {"1": {"own": 0.5, "gemv": 1.0, "other": 2.0}, "2": {"own": 1.2, "gemv": 1.0, "other": 1.05}}
+    assert pick_own_rows(t) == 1  # at 2 rows torch's gemv (1.0) is under 0.9 x specbench's (1.2)
     t["2"].update(gemv=2.0, other=2.0)
     assert pick_own_rows(t) == 2
-    assert pick_own_rows({"1": {"own": 1.0, "gemv": 1.0, "other": 1.0}}) == 0  # a tie goes to torch's
+    assert pick_own_rows({"1": {"own": 1.0, "gemv": 0.8, "other": 1.0}}) == 0  # clearly slower at one row
+
+
+def test_a_tie_at_one_row_keeps_the_kernel_that_stays_fast_at_a_verifys_rows():
+    """The kernel measured on the AVX-512 EPYC: level with torch's gemv at one row, 3-5x faster from 2 rows on.
+    The old rule (clearly faster at every row, counting from one) gave it 0 rows, so a compiled verify of γ + 1
+    rows ran inductor's GEMM at 2.4x the one-row step."""
+    t = {"1": {"own": 1.02, "gemv": 1.0, "other": 3.0}}
+    t |= {str(r): {"own": 1.05, "gemv": 0.9 + 0.45 * r, "other": 3.0} for r in (2, 4, 8)}
+    assert pick_own_rows(t) == 8
 
 
 def test_compiled_graph_calls_the_kernel_and_fuses_shared_inputs():

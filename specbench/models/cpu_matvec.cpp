@@ -4,7 +4,8 @@
 // and its int4 kernel runs compute-bound there, so a quantized draft cost more than the fp32 target. Here
 // each row of x is quantized to int8 per block of 32 (one float scale per block, as llama.cpp's Q8_0), so
 // a block's dot product is one maddubs + madd pair and the step streams its weights at memory speed. The
-// rounding only changes what the draft proposes; the target verifies every token.
+// rounding only changes what the draft proposes; the target verifies every token. int8 also takes bf16 activations
+// (a bf16 W8A16 draft: torch's int8 kernel streamed it at about half this one's rate) and has an AVX-512 VNNI path.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -13,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
@@ -47,15 +50,22 @@ inline float horizontal_sum(__m256 v) {
 
 // Rounds as std::nearbyint does (to nearest, ties to even), 8 lanes at a time: the scalar loop it replaced
 // cost 1-3 us a call, as much as streaming a k/v projection's weights.
-QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {  // 8 bf16 -> 8 fp32: the bits moved to the high half
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+// x float32 or bf16 (read as it is: a W8A16 layer's bf16 rows are not copied to float32 first)
+template <typename T>
+QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t k) {
   const int64_t blocks = k / BLOCK;
   QuantizedRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks)};
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256i lane_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' per-lane interleave
   for (int64_t b = 0; b < rows * blocks; ++b) {
-    const float* src = x + b * BLOCK;
+    const T* src = x + b * BLOCK;
     __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(src + 8 * i);
+    for (int i = 0; i < 4; ++i) v[i] = load8(src + 8 * i);
     const __m256 m01 = _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask));
     const __m256 m23 = _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask));
     const float amax = horizontal_max(_mm256_max_ps(m01, m23));
@@ -92,26 +102,144 @@ inline __m256 int4_block_dot(__m256i q, const int8_t* x, __m256i ones) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones));
 }
 
-void check_x(const at::Tensor& x, int64_t k, const char* op) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), op,
-              ": x must be a contiguous float32 [rows, in_features] tensor, got ", x.sizes(), " ", x.scalar_type());
+void check_x(const at::Tensor& x, int64_t k, const char* op, bool bf16_too = false) {
+  const bool dtype_ok = x.scalar_type() == at::kFloat || (bf16_too && x.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(x.dim() == 2 && dtype_ok && x.is_contiguous(), op, ": x must be a contiguous ",
+              bf16_too ? "float32 or bfloat16" : "float32", " [rows, in_features] tensor, got ", x.sizes(), " ",
+              x.scalar_type());
   TORCH_CHECK(x.size(1) == k && k % BLOCK == 0, op, ": x has ", x.size(1), " columns, the weight ", k,
               " (a multiple of ", BLOCK, " is required)");
 }
 
-// y[m, n] = scale[n] * sum_k x[m, k] * weight[n, k]; weight int8 [N, K], scale float32 [N]
+// AVX-512 VNNI where the CPU has it and torch's kernel level is AVX-512 (ATEN_CPU_CAPABILITY=avx2 forces the
+// AVX2 path, as it does torch's); the function carries its own target attribute, so the extension still loads on
+// any AVX2 machine.
+bool use_vnni() {
+  static const bool yes = [] {
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vnni"))
+      return false;
+    const char* level = std::getenv("ATEN_CPU_CAPABILITY");
+    return level == nullptr || *level == '\0' || std::string(level).rfind("avx512", 0) == 0;
+  }();
+  return yes;
+}
+
+// A W8A16 layer's per-channel scales and its output, in float32 or bf16 (its activations' dtype), read and written
+// as they are: three dtype conversions a call cost a draft step a sixth of its time (scripts/profile_step.py).
+struct Scales {
+  const float* f32;
+  const c10::BFloat16* bf16;
+  float operator[](int64_t n) const { return f32 ? f32[n] : static_cast<float>(bf16[n]); }
+};
+struct Out {
+  float* f32;
+  c10::BFloat16* bf16;
+  void store(int64_t i, float v) const {
+    if (f32)
+      f32[i] = v;
+    else
+      bf16[i] = c10::BFloat16(v);
+  }
+};
+
+// x's int8 rows as the VNNI path reads them, per 64 bytes (two blocks): |q| as unsigned bytes and a bit per byte
+// where q < 0 (vpdpbusd multiplies unsigned by signed bytes, so x's sign moves onto w), and each int32 lane's block
+// scale (lanes 0-7: the first block, 8-15: the second). Rows padded to whole 64 bytes with zeros.
+struct VnniRows {
+  int64_t chunks;
+  std::vector<uint8_t> mag;   // [M, chunks * 64]
+  std::vector<uint64_t> neg;  // [M, chunks]
+  std::vector<float> lanes;   // [M, chunks * 16]
+};
+
+__attribute__((target("avx512f,avx512bw"))) VnniRows vnni_rows(const QuantizedRows& xq, int64_t rows, int64_t k) {
+  const int64_t chunks = (k + 63) / 64, blocks = k / BLOCK;
+  VnniRows v{chunks, std::vector<uint8_t>(rows * chunks * 64, 0), std::vector<uint64_t>(rows * chunks, 0),
+             std::vector<float>(rows * chunks * 16, 0.f)};
+  const __mmask64 tail = (k % 64) ? ((1ull << (k % 64)) - 1) : ~0ull;
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512i q = _mm512_maskz_loadu_epi8(c + 1 == chunks ? tail : ~0ull, xq.q.data() + m * k + c * 64);
+      _mm512_storeu_si512(v.mag.data() + (m * chunks + c) * 64, _mm512_abs_epi8(q));  // |q| <= 127: no overflow
+      v.neg[m * chunks + c] = _mm512_movepi8_mask(q);
+    }
+    for (int64_t b = 0; b < blocks; ++b)
+      std::fill_n(v.lanes.data() + m * chunks * 16 + b * 8, 8, xq.scale[m * blocks + b]);
+  }
+  return v;
+}
+
+// R activation rows against weight rows [begin, end): per 64 weight bytes one vpdpbusd a row into fresh int32
+// lanes (4 products each, exact), converted and scaled by the lanes' block scales into fp32 sums.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void int8_rows_vnni(
+    const int8_t* w, const int8_t* w_end, int64_t k, int64_t begin, int64_t end, int64_t n_out, const VnniRows& xv,
+    int64_t m0, const Scales& s, const Out& out) {
+  const int64_t chunks = xv.chunks;
+  const __mmask64 tail = (k % 64) ? ((1ull << (k % 64)) - 1) : ~0ull;
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t n = begin; n < end; ++n) {
+    const int8_t* row = w + n * k;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      prefetch(row + c * 64 + PREFETCH_BYTES, w_end);
+      const __m512i wv = _mm512_maskz_loadu_epi8(c + 1 == chunks ? tail : ~0ull, row + c * 64);
+      for (int r = 0; r < R; ++r) {
+        const int64_t m = m0 + r;
+        const __m512i signed_w = _mm512_mask_sub_epi8(wv, xv.neg[m * chunks + c], zero, wv);
+        const __m512i mag = _mm512_loadu_si512(xv.mag.data() + (m * chunks + c) * 64);
+        const __m512i dot = _mm512_dpbusd_epi32(zero, mag, signed_w);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_loadu_ps(xv.lanes.data() + (m * chunks + c) * 16),
+                                 acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) out.store((m0 + r) * n_out + n, _mm512_reduce_add_ps(acc[r]) * s[n]);
+  }
+}
+
+constexpr int64_t VNNI_TILE = 4;  // activation rows per pass over the weight on the VNNI path
+
+void int8_vnni(const int8_t* w, int64_t n_out, int64_t k, const QuantizedRows& xq, int64_t rows, const Scales& s,
+               const Out& out) {
+  const VnniRows xv = vnni_rows(xq, rows, k);
+  const int8_t* w_end = w + n_out * k;
+  at::parallel_for(0, n_out, GRAIN, [&](int64_t begin, int64_t end) {
+    for (int64_t m0 = 0; m0 < rows; m0 += VNNI_TILE) {
+      switch (std::min(VNNI_TILE, rows - m0)) {
+        case 1: int8_rows_vnni<1>(w, w_end, k, begin, end, n_out, xv, m0, s, out); break;
+        case 2: int8_rows_vnni<2>(w, w_end, k, begin, end, n_out, xv, m0, s, out); break;
+        case 3: int8_rows_vnni<3>(w, w_end, k, begin, end, n_out, xv, m0, s, out); break;
+        default: int8_rows_vnni<4>(w, w_end, k, begin, end, n_out, xv, m0, s, out); break;
+      }
+    }
+  });
+}
+
+// y[m, n] = scale[n] * sum_k x[m, k] * weight[n, k]; weight int8 [N, K]; x float32 or bfloat16 and scale float32
+// or x's dtype (a W8A16 layer's), y in x's dtype.
 at::Tensor int8_matvec(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale) {
   const int64_t rows = x.size(0), n_out = weight.size(0), k = weight.size(1), blocks = k / BLOCK;
-  check_x(x, k, "specbench::int8_matvec");
-  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.is_contiguous() && scale.scalar_type() == at::kFloat &&
-                  scale.is_contiguous() && scale.numel() == n_out,
-              "specbench::int8_matvec: weight must be contiguous int8 [N, K] and scale float32 [N]");
-  const QuantizedRows xq = quantize_rows(x.data_ptr<float>(), rows, k);
+  check_x(x, k, "specbench::int8_matvec", /*bf16_too=*/true);
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.is_contiguous() && scale.is_contiguous() &&
+                  (scale.scalar_type() == at::kFloat || scale.scalar_type() == x.scalar_type()) &&
+                  scale.numel() == n_out,
+              "specbench::int8_matvec: weight must be contiguous int8 [N, K] and scale float32 or x's dtype [N]");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const QuantizedRows xq = bf16 ? quantize_rows(x.data_ptr<c10::BFloat16>(), rows, k)
+                                : quantize_rows(x.data_ptr<float>(), rows, k);
   auto y = at::empty({rows, n_out}, x.options());
   const int8_t* w = weight.data_ptr<int8_t>();
   const int8_t* w_end = w + n_out * k;
-  const float* s = scale.data_ptr<float>();
-  float* out = y.data_ptr<float>();
+  const bool scale_f32 = scale.scalar_type() == at::kFloat;
+  const Scales s{scale_f32 ? scale.data_ptr<float>() : nullptr,
+                 scale_f32 ? nullptr : scale.data_ptr<c10::BFloat16>()};
+  const Out out{bf16 ? nullptr : y.data_ptr<float>(), bf16 ? y.data_ptr<c10::BFloat16>() : nullptr};
+  if (use_vnni()) {
+    int8_vnni(w, n_out, k, xq, rows, s, out);
+    return y;
+  }
   const __m256i ones = _mm256_set1_epi16(1);
   at::parallel_for(0, n_out, GRAIN, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -130,7 +258,7 @@ at::Tensor int8_matvec(const at::Tensor& x, const at::Tensor& weight, const at::
         }
         if (b < blocks)
           acc0 = _mm256_fmadd_ps(int8_block_dot(row + b * BLOCK, xr + b * BLOCK, ones), _mm256_broadcast_ss(xs + b), acc0);
-        out[m * n_out + n] = horizontal_sum(_mm256_add_ps(acc0, acc1)) * s[n];
+        out.store(m * n_out + n, horizontal_sum(_mm256_add_ps(acc0, acc1)) * s[n]);
       }
     }
   });

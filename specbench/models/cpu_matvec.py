@@ -1,5 +1,6 @@
-"""specbench's own CPU kernels for float32 activations (AVX2 + FMA), as torch ops: weight-only int8 and int4
-products (`cpu_matvec.cpp`) and one-query attention (`cpu_attention.cpp`).
+"""specbench's own CPU kernels, as torch ops: weight-only int8 and int4 products for float32 activations (AVX2 +
+FMA; int8 also for bf16 ones, and on AVX-512 VNNI; `cpu_matvec.cpp`), one-query attention (`cpu_attention.cpp`) and
+the bf16 weight kernels (`cpu_bf16.cpp`, registered by `cpu_bf16`).
 
 torch has none that stream at memory speed on an AVX2 CPU: its int8 kernel takes bf16 activations only
 and its int4 kernel is compute-bound there, so a W8A16 / W4A16 draft of an fp32 target cost more than
@@ -164,7 +165,8 @@ def _attention_shape(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
 
 
 def int8_matvec(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32 @ (weight [N, K] int8 · scale [N]).T → [M, N], x rounded to int8 per block of 32."""
+    """x [M, K] float32 or bf16 @ (weight [N, K] int8 · scale [N], float32 or x's dtype).T → [M, N] in x's dtype,
+    x rounded to int8 per block of 32. AVX-512 VNNI where the CPU and torch's kernel level have it, else AVX2."""
     return _ops("int8_matvec").int8_matvec(x, weight, scale)
 
 

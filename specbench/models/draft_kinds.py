@@ -56,9 +56,9 @@ class DraftKind:
 DRAFT_KINDS: Registry[DraftKind] = Registry("draft.kind")
 
 AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kinds the job can use
-# The embedded pair's drafts per device class, best first, from end-to-end runs of
-# scripts/bench_fast_path.py on that class (2 threads, 8 Spec-Bench prompts, greedy). A kind moves up only
-# when a run separates it. The evidence folder of each class is beside it; docs/fast-path.md has the table.
+# The embedded pair's drafts per device class, best first, from end-to-end runs on that class (2 threads, Spec-Bench
+# prompts, greedy; `+sweep=engines` since it replaced scripts/bench_fast_path.py). A kind moves up only when a run
+# separates it. The evidence folder of each class is beside it; docs/fast-path.md has the table.
 # "cuda": a kind whose formats have no CUDA kernel in this torch is skipped (`device_refusal`); int4 first, as it
 # streams a quarter of the bf16 bytes (analysis/gpu_h200/).
 # Caveat: every int4 entry below was measured with copies in groups of 32, the embedded target's own Q4_1 grid, where
@@ -69,8 +69,9 @@ DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     # AMX: w4a16h8 / W8A16 1.10x [1.01, 1.26] per prompt at gamma 5; n-gram about w4a16h8's median but 0.35-1.34x
     # of it by prompt (analysis/fast_path_w4a16h8_concat_cpu_amx/)
     "amx": ("w4a16h8", "w8a16", "ngram", "w4a16"),
-    # AVX-512 without AMX, from +sweep=engines with group-128 int4: no draft beats the fast baseline and none is
-    # separated from W8A16, so it stays first (analysis/engines_cpu_avx512/, analysis/engines_drafts_cpu_avx512/)
+    # AVX-512 without AMX, from +sweep=engines with group-128 int4: W8A16 on specbench's int8 kernel is the one draft
+    # that beats the fast baseline (analysis/engines_cpu_avx512/); the others did not, on torch's kernels
+    # (analysis/engines_drafts_cpu_avx512/)
     "avx512": ("w8a16", "w4a16h8", "ngram", "w4a16"),
     # AVX2 in fp32 (dtype=auto's choice there; specbench's cpu_matvec kernels): both self-drafts clearly above the
     # fast baseline in two runs, n-gram not separated from 1; w4a16h8 / W8A16 never separated, first as on AMX
