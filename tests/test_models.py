@@ -63,8 +63,8 @@ def test_bad_draft_kind_and_dtype():
 @pytest.mark.parametrize(
     ("capability", "decoder", "expected"),
     [
-        ("avx2", "speculative", "w4a16h8"),  # on specbench's fp32 kernels (cpu_matvec) a self-draft is cheap
-        ("avx2", "hf_assisted", "w4a16h8"),  # a model draft, as transformers' assisted generation needs
+        ("avx2", "speculative", "w8a16"),  # analysis/engines_cpu_avx2_path: W8A16 separated from w4a16h8-g128
+        ("avx2", "hf_assisted", "w8a16"),  # a model draft, as transformers' assisted generation needs
         ("avx512", "speculative", {"amx": "w4a16h8", "avx512": "w8a16"}),  # by the CPU's class
     ],
 )
@@ -90,7 +90,7 @@ def test_auto_draft_on_avx2_with_half_weights_forced_is_ngram(monkeypatch, dtype
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert Config(pair=PairConfig(dtype=dtype)).draft.kind == "ngram"
     assert Config(pair=PairConfig(dtype=dtype), decoder="hf_assisted").draft.kind == "w8a16"
-    assert Config(pair=PairConfig(dtype="float32")).draft.kind == "w4a16h8"  # fp32 and auto: the kernels' answer
+    assert Config(pair=PairConfig(dtype="float32")).draft.kind == "w8a16"  # fp32 and auto: the avx2 class
     assert Config(pair=PairConfig(dtype="auto")).draft.kind == "w4a16h8"
 
 

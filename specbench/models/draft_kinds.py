@@ -73,10 +73,10 @@ DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     # that beats the fast baseline (analysis/engines_cpu_avx512/); the others did not, on torch's kernels
     # (analysis/engines_drafts_cpu_avx512/)
     "avx512": ("w8a16", "w4a16h8", "ngram", "w4a16"),
-    # AVX2 in fp32 (dtype=auto's choice there; specbench's cpu_matvec kernels): both self-drafts clearly above the
-    # fast baseline in two runs, n-gram not separated from 1; w4a16h8 / W8A16 never separated, first as on AMX
-    # (analysis/fast_path_cpu_matvec_cpu_amx_avx2_kernels/)
-    "avx2": ("w4a16h8", "w8a16", "ngram", "w4a16"),
+    # AVX2: on the AVX2 path with group-128 int4 (+sweep=engines, ATEN_CPU_CAPABILITY=avx2) W8A16 on specbench's int8
+    # kernel 1.02x the fast baseline, w4a16h8-g128 0.68x, CIs disjoint (analysis/engines_cpu_avx2_path/); the older
+    # fp32 runs with group-32 copies never separated the two (analysis/fast_path_cpu_matvec_cpu_amx_avx2_kernels/)
+    "avx2": ("w8a16", "w4a16h8", "ngram", "w4a16"),
     # AVX2 with bf16 forced (pair.dtype=bfloat16): the self-drafts run torch's kernels, which do not beat the
     # bf16 gemv there (analysis/weight_only_kernels/, analysis/cpu_linear_avx2_only/)
     "avx2_bf16": ("ngram", "w8a16"),
