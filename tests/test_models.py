@@ -91,7 +91,7 @@ def test_auto_draft_on_avx2_with_half_weights_forced_is_ngram(monkeypatch, dtype
     assert Config(pair=PairConfig(dtype=dtype)).draft.kind == "ngram"
     assert Config(pair=PairConfig(dtype=dtype), decoder="hf_assisted").draft.kind == "w8a16"
     assert Config(pair=PairConfig(dtype="float32")).draft.kind == "w8a16"  # fp32 and auto: the avx2 class
-    assert Config(pair=PairConfig(dtype="auto")).draft.kind == "w4a16h8"
+    assert Config(pair=PairConfig(dtype="auto")).draft.kind == "w8a16"
 
 
 def test_auto_draft_on_gpu_does_not_read_the_cpu(monkeypatch):
