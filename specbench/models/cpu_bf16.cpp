@@ -20,6 +20,17 @@
 #include <string>
 #include <vector>
 
+// Whether torch's kernel level is AVX-512: its switch ATEN_CPU_CAPABILITY read as torch reads it (unset: the best the
+// CPU has), since torch does not export its level to extensions. Outside the anonymous namespace: cpu_matvec.cpp's
+// int8 kernel follows the same switch.
+bool specbench_aten_allows_avx512() {
+  static const bool allowed = [] {
+    const char* level = std::getenv("ATEN_CPU_CAPABILITY");
+    return level == nullptr || *level == '\0' || std::string(level).rfind("avx512", 0) == 0;
+  }();
+  return allowed;
+}
+
 namespace {
 
 constexpr int64_t MAX_ROWS = 8;  // activation rows per pass over the weights; more rows make more passes
@@ -41,12 +52,7 @@ Isa resolve(int64_t isa) {
     return AVX512_BF16;
   }
   if (isa == AVX2) return AVX2;
-  // torch's own level is not exported to extensions: read its switch as torch does (unset: the best the CPU has)
-  static const bool forced_below_avx512 = [] {
-    const char* level = std::getenv("ATEN_CPU_CAPABILITY");
-    return level != nullptr && *level != '\0' && std::string(level).rfind("avx512", 0) != 0;
-  }();
-  return !forced_below_avx512 && cpu_has_avx512_bf16() ? AVX512_BF16 : AVX2;
+  return specbench_aten_allows_avx512() && cpu_has_avx512_bf16() ? AVX512_BF16 : AVX2;
 }
 
 inline float hsum256(__m256 v) {

@@ -14,9 +14,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
-#include <string>
 #include <vector>
+
+bool specbench_aten_allows_avx512();  // cpu_bf16.cpp: torch's kernel level is AVX-512 (ATEN_CPU_CAPABILITY)
 
 namespace {
 
@@ -115,13 +115,8 @@ void check_x(const at::Tensor& x, int64_t k, const char* op, bool bf16_too = fal
 // AVX2 path, as it does torch's); the function carries its own target attribute, so the extension still loads on
 // any AVX2 machine.
 bool use_vnni() {
-  static const bool yes = [] {
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vnni"))
-      return false;
-    const char* level = std::getenv("ATEN_CPU_CAPABILITY");
-    return level == nullptr || *level == '\0' || std::string(level).rfind("avx512", 0) == 0;
-  }();
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni") && specbench_aten_allows_avx512();
   return yes;
 }
 
@@ -148,6 +143,7 @@ struct Out {
 // scale (lanes 0-7: the first block, 8-15: the second). Rows padded to whole 64 bytes with zeros.
 struct VnniRows {
   int64_t chunks;
+  __mmask64 tail;  // the bytes of the last chunk that are in the row
   std::vector<uint8_t> mag;   // [M, chunks * 64]
   std::vector<uint64_t> neg;  // [M, chunks]
   std::vector<float> lanes;   // [M, chunks * 16]
@@ -155,9 +151,9 @@ struct VnniRows {
 
 __attribute__((target("avx512f,avx512bw"))) VnniRows vnni_rows(const QuantizedRows& xq, int64_t rows, int64_t k) {
   const int64_t chunks = (k + 63) / 64, blocks = k / BLOCK;
-  VnniRows v{chunks, std::vector<uint8_t>(rows * chunks * 64, 0), std::vector<uint64_t>(rows * chunks, 0),
-             std::vector<float>(rows * chunks * 16, 0.f)};
   const __mmask64 tail = (k % 64) ? ((1ull << (k % 64)) - 1) : ~0ull;
+  VnniRows v{chunks, tail, std::vector<uint8_t>(rows * chunks * 64, 0), std::vector<uint64_t>(rows * chunks, 0),
+             std::vector<float>(rows * chunks * 16, 0.f)};
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t c = 0; c < chunks; ++c) {
       const __m512i q = _mm512_maskz_loadu_epi8(c + 1 == chunks ? tail : ~0ull, xq.q.data() + m * k + c * 64);
@@ -177,7 +173,6 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void int8_rows_vnni(
     const int8_t* w, const int8_t* w_end, int64_t k, int64_t begin, int64_t end, int64_t n_out, const VnniRows& xv,
     int64_t m0, const Scales& s, const Out& out) {
   const int64_t chunks = xv.chunks;
-  const __mmask64 tail = (k % 64) ? ((1ull << (k % 64)) - 1) : ~0ull;
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t n = begin; n < end; ++n) {
     const int8_t* row = w + n * k;
@@ -185,7 +180,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void int8_rows_vnni(
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
       prefetch(row + c * 64 + PREFETCH_BYTES, w_end);
-      const __m512i wv = _mm512_maskz_loadu_epi8(c + 1 == chunks ? tail : ~0ull, row + c * 64);
+      const __m512i wv = _mm512_maskz_loadu_epi8(c + 1 == chunks ? xv.tail : ~0ull, row + c * 64);
       for (int r = 0; r < R; ++r) {
         const int64_t m = m0 + r;
         const __m512i signed_w = _mm512_mask_sub_epi8(wv, xv.neg[m * chunks + c], zero, wv);

@@ -29,6 +29,10 @@ from specbench.models.kernels import PROBE_ROWS
 from specbench.models.vocab import SubsetHead, restrict_head
 
 TORCH_KERNEL_DTYPES = {"int8": (torch.bfloat16,), "int4": (torch.bfloat16, torch.float16, torch.float32)}
+# specbench's CPU kernels (`cpu_matvec`) and the activation dtypes they take: float32 on CPUs with AVX2, and int8 with
+# bf16 too (it streamed a bf16 W8A16 draft twice as fast as torch's `_weight_int8pack_mm` on the AVX-512 EPYC,
+# docs/kernels.md). Where both apply, specbench's runs.
+SPECBENCH_KERNEL_DTYPES = {"int8": (torch.float32, torch.bfloat16), "int4": (torch.float32,)}
 # CUDA: torch's weight-only ops (tinygemm for int4) and the activation dtypes they take. Without one, a layer would
 # dequantize its whole weight on every call and cost more than the bf16 target it drafts for: such a kind is refused.
 CUDA_KERNELS = {
@@ -50,16 +54,15 @@ def cuda_kernel_missing(kind: str, dtype: torch.dtype) -> str | None:
 
 
 def kernel_source(kind: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> str | None:
-    """Whose weight-only `kind` kernel runs for activations in `dtype`: 'specbench' (`cpu_matvec`, float32
-    on CPUs with AVX2, and int8 with bf16: it streamed a bf16 W8A16 draft twice as fast as torch's
-    `_weight_int8pack_mm` on the AVX-512 EPYC, docs/kernels.md), 'torch' (its CPU kernels, or its CUDA ones where `cuda_kernel_missing` finds them), or
-    None where neither applies (the layer dequantizes)."""
+    """Whose weight-only `kind` kernel runs for activations in `dtype`: 'specbench' (`cpu_matvec`, for
+    `SPECBENCH_KERNEL_DTYPES`), 'torch' (its CPU kernels, or its CUDA ones where `cuda_kernel_missing` finds
+    them), or None where neither applies (the layer dequantizes)."""
     kind_of_device = torch.device(device).type
     if kind_of_device == "cuda":
         return None if cuda_kernel_missing(kind, dtype) else "torch"
     if kind_of_device != "cpu":
         return None
-    if (dtype == torch.float32 or (kind == "int8" and dtype == torch.bfloat16)) and cpu_matvec.available():
+    if dtype in SPECBENCH_KERNEL_DTYPES[kind] and cpu_matvec.available():
         return "specbench"
     return "torch" if dtype in TORCH_KERNEL_DTYPES[kind] else None
 
