@@ -56,7 +56,7 @@ def decode(
     seed: int = 0,
     speculative: bool = True,
     chat_template: bool = True,
-    forward: str = "eager",
+    forward: str = "auto",
     compile_mode: str | None = None,
     cpu_linear: str = "tuned",
     draft_policy: str = "fixed",
@@ -72,10 +72,10 @@ def decode(
     `draft_target_prompt_kv`: a weight-only copy starts from the target's KV of the prompt (`draft.target_prompt_kv`);
     `draft_target_decode_kv`: on the fast path, it also takes the target's K/V of each round's tokens (`draft.target_decode_kv`).
     Penalties and bans act per position on that position's own context (see `SamplingConfig`).
-    `forward` is 'eager' (the default, the reference), 'auto' ('compiled' where the fast path runs, on CPU with
-    a working C++ compiler and on CUDA as CUDA graphs, else 'eager'; `specbench.decoding.forward_choice`),
-    'static' or 'compiled' (the first call per batch size and token count compiles, once per process: a
-    first call costs compile time, later ones reuse the graphs). `compile_mode`: inductor's (`forward.compile_mode`;
+    `forward` is 'auto' (the default: 'compiled' where the fast path runs, on CPU with a working C++ compiler and
+    on CUDA as CUDA graphs, else 'eager' with the reason in `forward_reason`; `specbench.decoding.forward_choice`),
+    'eager' (the reference), 'static' or 'compiled' (the first call per batch size compiles the step and the
+    verify, once per process: a first call costs compile time, later ones reuse the graphs). `compile_mode`: inductor's (`forward.compile_mode`;
     None: the config's default; auto on CUDA takes 'reduce-overhead').
     `cpu_linear` is 'tuned' (bf16 CPU linears in the kernel measured fastest per shape) or 'torch'.
     `draft_policy` / `draft_tau`: how many of the γ drafts a round verifies (`draft.policy`: 'fixed',

@@ -289,6 +289,23 @@ def test_compiled_forward_checks_guards_at_a_shape_it_has_not_met(target, prompt
     assert lm.new_shapes == 1
 
 
+def test_a_compiled_target_runs_every_verify_width_on_one_graph(target, prompts):
+    """k = 1 and one graph for every k >= 2 (k a symbol): a γ sweep compiles the target twice, not once per γ.
+    Each width still gives the reference's logits. Seen failing before the fix: one graph per k (3 more here)."""
+    from torch._dynamo.utils import counters
+
+    lm = StaticLM(target, 64, compile_mode="default")
+    lm.warm_up(1, [1, 2])
+    graphs = counters["stats"]["unique_graphs"]
+    ref = CachedLM(target)
+    ref.prefill([prompts[0]])
+    lm.prefill([prompts[0]])
+    for k in (3, 5, 7):
+        tokens = torch.tensor([prompts[1][:k]])
+        torch.testing.assert_close(lm.feed(tokens), ref.feed(tokens), rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [1, 5])
 def test_grouped_attention_equals_transformers_eager_attention(k, dtype):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import pytest
+from omegaconf import OmegaConf
 from transformers import LlamaConfig
 
+import specbench
 from specbench.config import ForwardConfig
 from specbench.decoding.forward import ForwardPath
 from specbench.decoding.forward_choice import ForwardChoice, choose, choose_for, compiler_refusal, fast_path_refusal
@@ -13,6 +18,7 @@ from specbench.decoding.lm import LM
 from specbench.decoding.static_kv import StaticLM
 
 NO_CXX = "no C++ compiler 'g++' on PATH"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @pytest.mark.parametrize(
@@ -63,8 +69,11 @@ def test_this_machine_has_a_compiler_so_auto_compiles_here(target):
     assert choose_for("auto", "default", "cpu", target.config).path == "compiled"
 
 
-def test_eager_stays_the_default_until_a_cold_compile_fits_the_sweep_and_auto_must_be_resolved():
-    assert ForwardConfig().path == "eager"  # the cold compile's cost: analysis/engines_cpu_avx512/
+def test_the_fast_path_is_the_default_and_auto_must_be_resolved():
+    # A cold compile fits the default sweep (analysis/gamma_sweep_fast_path_cpu_amx/).
+    assert ForwardConfig().path == "auto"
+    assert inspect.signature(specbench.decode).parameters["forward"].default == "auto"
+    assert OmegaConf.load(CONF / "config.yaml").defaults[5] == {"forward": "auto"}
     with pytest.raises(ValueError, match="resolve auto first"):
         ForwardPath("auto")
 

@@ -11,9 +11,8 @@ REFERENCES = ("auto", "exact", "sample")
 # The least each count may be (the CLI's arguments check the same bounds).
 MINIMUMS = {"samples": 20, "tokens": 3, "max_enumerate": 1, "top_prefixes": 0, "bootstrap": 0, "batch_size": 1}
 REFERENCE_SAMPLES_MIN = 20
-DEFAULT_DECODER = (
-    "speculative"  # the CLI's decoder under test: the eager reference (speculative:auto: the fast path where it runs)
-)
+# The CLI's decoder under test: the one deployed, the fast path where it runs (`speculative` names the eager reference)
+DEFAULT_DECODER = "speculative:auto"
 
 
 @dataclass

@@ -150,6 +150,8 @@ def set_forward_path(cfg: Config, pair: Pair, prompts: list[EncodedPrompt]) -> d
     capacity = f.capacity or capacity_for([len(p.ids) for p in prompts], cfg.max_new_tokens, cfg.gamma)
     pair.forward = ForwardPath.chosen(chosen, capacity)
     draft_ks = DECODE_KV_DRAFT_KS if takes_decode_kv(pair) else DRAFT_KS
+    if pair.forward.mode is not None:  # a cold compile takes minutes: say so before the wait, not after
+        log.info("forward.path=%s: compiling the target's and the draft's forwards (cached for later jobs)", f.label)
     seconds = pair.forward.warm_up_pair(pair.target, pair.draft_model, cfg.batch_size, cfg.gamma, draft_ks)
     if seconds:
         log.info("forward.path=%s: compiled in %s", f.label, {k: round(v, 1) for k, v in seconds.items()})

@@ -181,12 +181,11 @@ class WorkloadConfig:
 @dataclass
 class ForwardConfig:
     """How target and draft forwards run (`specbench.decoding.forward`): `auto` (the
-    compiled fast path where it runs, else eager with the reason in done.json; `forward_choice`), `eager`
-    over the masked dynamic cache (the reference, and still the default: a cold compile does not yet fit the
-    default sweep's 10 minutes), or the fast path, a preallocated per-row cache, run
+    compiled fast path where it runs, else eager with the reason in done.json; `forward_choice`; the default),
+    `eager` over the masked dynamic cache (the reference and the tests' oracle), or the fast path, a preallocated per-row cache, run
     eagerly (`static`) or through `torch.compile` (`compiled`, compiled once per process before timing)."""
 
-    path: str = "eager"
+    path: str = "auto"
     compile_mode: str = "max-autotune"  # compiled: inductor "default" (freezing), "max-autotune" (GEMM templates) or "reduce-overhead" (CUDA graphs; auto picks it on cuda)
     capacity: Optional[int] = None  # fast path KV columns per row; None: longest prompt + max_new_tokens + gamma + 2
 

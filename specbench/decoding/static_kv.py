@@ -13,7 +13,8 @@ cost the whole capacity and a growing row meets no new graph); on GPU it is the 
 hold; `CachedLM` stays the reference. Invariant (tested, as for `CachedLM`): columns 0..n-1 of a
 row hold exactly its committed tokens, with the KV a fresh prefill of them gives.
 The batch is fixed too: a finished row keeps its slot (its forwards are wasted work, nearly free
-while a step is memory-bound), so the shapes a decode meets are (B, 1), (B, 2) and (B, γ+1).
+while a step is memory-bound), so the shapes a decode meets are (B, 1), (B, 2) and (B, γ+1); on CPU every
+k ≥ 2 runs one graph (k a symbol), so a new γ compiles nothing (unless a kernel choice depends on k).
 Compilation happens in `warm_up`, timed apart (`compile_seconds`); a shape first met inside a
 decode is counted in `new_shapes`, so a run shows that none was compiled inside a timed phase.
 """
@@ -83,7 +84,8 @@ class RowCache(Cache):
 
 
 class StaticLM:
-    """`CachedLM`'s interface over a `RowCache` of fixed batch and capacity; forwards compiled per k."""
+    """`CachedLM`'s interface over a `RowCache` of fixed batch and capacity; forwards compiled per k (CPU: k = 1
+    and one graph for every k >= 2)."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, compile_mode: str | None = None) -> None:
         if capacity < 2:
@@ -250,6 +252,11 @@ class StaticLM:
             # Dynamo guards on the dispatch keys: a normal tensor (warm-up's, a caller's) and an inference
             # tensor (a decode's) would get a graph each, the second compiled inside a timed decode.
             tokens = tokens.clone()
+        if k >= 2 and self.compiled and self.symbolic_columns:
+            # Every verify width shares one graph (k a symbol; 1 stays its own, specialised): a γ sweep compiles
+            # the target twice, not once per γ (analysis/gamma_sweep_fast_path_cpu_amx/).
+            torch._dynamo.maybe_mark_dynamic(tokens, 1)
+            torch._dynamo.maybe_mark_dynamic(positions, 1)
         logits = self._run(tokens, positions, columns)
         for s in self.slots:
             self.lengths[s] += k
