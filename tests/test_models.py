@@ -65,7 +65,8 @@ def test_bad_draft_kind_and_dtype():
     [
         ("avx2", "speculative", "w8a16"),  # analysis/engines_cpu_avx2_path: W8A16 separated from w4a16h8-g128
         ("avx2", "hf_assisted", "w8a16"),  # a model draft, as transformers' assisted generation needs
-        ("avx512", "speculative", {"amx": "w4a16h8", "avx512": "w8a16"}),  # by the CPU's class
+        # every class with AVX-512 now puts W8A16 first (analysis/engines_drafts_cpu_amx, analysis/engines_cpu_avx512)
+        ("avx512", "speculative", "w8a16"),
     ],
 )
 def test_auto_draft_is_the_measured_default_for_the_cpu_class(monkeypatch, capability, decoder, expected):

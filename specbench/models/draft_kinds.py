@@ -61,14 +61,13 @@ AUTO = "auto"  # draft.kind=auto (the default): the first of DEFAULT_DRAFTS' kin
 # separates it. The evidence folder of each class is beside it; docs/fast-path.md has the table.
 # "cuda": a kind whose formats have no CUDA kernel in this torch is skipped (`device_refusal`); int4 first, as it
 # streams a quarter of the bf16 bytes (analysis/gpu_h200/).
-# Caveat: every int4 entry below was measured with copies in groups of 32, the embedded target's own Q4_1 grid, where
-# a copy agrees ~96% (an artefact); at group 128, now the default, they agree 72-75% against W8A16's 95%
-# (analysis/draft_agreement_groups_cpu_avx512/). Their step costs at 128 are not measured yet: re-derive this table
-# from a paired speed run of w4a16h8-g128 / w8a16 / ngram per class before trusting int4's rank.
+# The CPU rows come from honest drafts: int4 in groups of 128, off the embedded target's own Q4_1 grid of 32, where a
+# copy agrees ~96% as an artefact (analysis/draft_agreement_groups_cpu_avx512/).
 DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
-    # AMX: w4a16h8 / W8A16 1.10x [1.01, 1.26] per prompt at gamma 5; n-gram about w4a16h8's median but 0.35-1.34x
-    # of it by prompt (analysis/fast_path_w4a16h8_concat_cpu_amx/)
-    "amx": ("w4a16h8", "w8a16", "ngram", "w4a16"),
+    # AMX, +sweep=engines with group-128 int4 (gamma 4): W8A16 1.20x [1.11, 1.26] the fast baseline, w4a16h8-g128
+    # 1.01x [0.91, 1.14], n-gram 0.86x [0.81, 1.17] (analysis/engines_drafts_cpu_amx/); w4a16h8 led only with
+    # group-32 copies (analysis/fast_path_w4a16h8_concat_cpu_amx/)
+    "amx": ("w8a16", "w4a16h8", "ngram", "w4a16"),
     # AVX-512 without AMX, from +sweep=engines with group-128 int4: W8A16 on specbench's int8 kernel is the one draft
     # that beats the fast baseline (analysis/engines_cpu_avx512/); the others did not, on torch's kernels
     # (analysis/engines_drafts_cpu_avx512/)
