@@ -86,6 +86,25 @@ def test_forced_avx2_kernels_change_the_label() -> None:
     assert out.stdout.strip() in ("AVX2", "DEFAULT")  # never above what was forced
 
 
+@pytest.mark.parametrize(("user", "expected"), [(None, "AVX2"), ("AVX512_CORE", "AVX512_CORE")])
+def test_forced_avx2_caps_onednn_so_bf16_attention_runs(user, expected) -> None:
+    """ATEN_CPU_CAPABILITY=avx2 on an AMX CPU: torch's bf16 flash attention over 200 tokens failed asking oneDNN
+    for AMX packing; specbench caps oneDNN at AVX2 unless the user chose. Seen failing before the fix (no cap)."""
+    import sys
+
+    code = (
+        "import os, specbench, torch; q = torch.randn(1, 9, 200, 64, dtype=torch.bfloat16); "
+        "torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True); "
+        "print(os.environ.get('ONEDNN_MAX_CPU_ISA'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"} | {"ATEN_CPU_CAPABILITY": "avx2"}
+    if user:
+        env["ONEDNN_MAX_CPU_ISA"] = user
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.strip() == expected
+
+
 def test_hardware_label() -> None:
     cpu = envinfo.hardware_label("cpu")
     assert cpu.startswith("cpu:") and cpu.endswith(f" x{envinfo.usable_cores()}")
