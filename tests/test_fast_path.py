@@ -237,6 +237,23 @@ def test_dtype_auto_times_a_round_in_the_jobs_kernels(weights):
         assert parts["round"] == pytest.approx(parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0))
 
 
+def test_dtype_auto_times_specbench_bf16_kernel_where_it_is_built():
+    """The bf16 target is timed in every kernel a `CpuLinear` may run, specbench's own included: without it the probe
+    picked fp32 on the AVX2 path of an AMX Xeon, whose compiled step then streamed twice the bytes. Seen failing
+    before the fix (no `own` entry)."""
+    from specbench.models import cpu_bf16
+    from specbench.models.loading import target_kernels
+
+    linears = [torch.nn.Linear(64, 32, bias=False, dtype=torch.bfloat16).requires_grad_(False)]
+    kernels = target_kernels("bfloat16", linears)
+    assert "gemv" in kernels and ("own" in kernels) == cpu_bf16.available()
+    assert set(target_kernels("float32", linears)) == set(target_kernels("bfloat16", linears, "torch")) == {"torch"}
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        for name, (kernel,) in kernels.items():
+            torch.testing.assert_close(kernel(x), linears[0](x), rtol=2e-2, atol=2e-2, msg=name)
+
+
 def test_dtype_auto_leaves_a_near_tie_to_bf16():
     # With fp32 drafts on specbench's kernels, the W4A16 rounds came within 1-2% of each other on the AMX
     # Xeon (bf16 10.1 / fp32 10.0 ms, then 10.4 / 11.9): a strict comparison flipped the dtype between runs.
@@ -304,6 +321,22 @@ def test_a_compiled_target_runs_every_verify_width_on_one_graph(target, prompts)
         tokens = torch.tensor([prompts[1][:k]])
         torch.testing.assert_close(lm.feed(tokens), ref.feed(tokens), rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_two_static_lms_of_one_model_keep_their_own_caches(target, prompts):
+    """Two compiled StaticLMs of one model and capacity, used in turn, each give the reference's logits over
+    its own cache. Seen failing before `compile_cache.own_code`: the second ran the first's graphs, whose
+    frozen KV buffers are the first's (dynamo guards them by shape), and its logits were off by up to 5."""
+    lms = [StaticLM(target, 64, compile_mode="default") for _ in range(2)]
+    refs = [CachedLM(target) for _ in range(2)]
+    for lm, ref, prompt in zip(lms, refs, (prompts[0], prompts[3])):
+        lm.warm_up(1, [1, 2])
+        lm.prefill([prompt])
+        ref.prefill([prompt])
+    for k in (1, 3, 1, 4):
+        for lm, ref, prompt in zip(lms, refs, (prompts[1], prompts[2])):
+            tokens = torch.tensor([(prompt * 2)[:k]])
+            torch.testing.assert_close(lm.feed(tokens), ref.feed(tokens), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -377,17 +410,17 @@ def test_a_cache_filled_under_another_isa_is_not_reused(tmp_path):
 
 @needs_embedded
 @pytest.mark.embedded
-@pytest.mark.slow
-def test_compiled_embedded_pair_decodes_the_eager_oracles_greedy_tokens_at_b1_and_b4():
-    """The fast path, compiled, against the eager reference on the real default pair (SmolLM2, float32,
-    n-gram drafts so only the target compiles: k = 1 and γ + 1 = 3 at B = 1 and 4). Compile-bound: 325 s on a
-    loaded 2-core box with a cold cache, so marked slow."""
+@pytest.mark.parametrize("forward", ["static", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_embedded_pair_fast_path_decodes_the_eager_oracles_greedy_tokens_at_b1_and_b4(forward):
+    """The fast path against the eager reference on the real default pair (SmolLM2, float32, n-gram drafts so only
+    the target compiles: k = 1 and γ + 1 = 3 at B = 1 and 4). `static` (the fast path's cache, uncompiled) runs in
+    every suite; `compiled` is compile-bound (325 s on a loaded 2-core box with a cold cache), so marked slow."""
     import specbench
 
     questions = ["Name three primary colours.", "Count from one to ten.", "What is 2 + 2?", "Say hello in French."]
     for batch in (questions[:1], questions):
         common = dict(draft="ngram", dtype="float32", max_new_tokens=8, gamma=2)
         eager = specbench.decode(batch, forward="eager", **common)
-        fast = specbench.decode(batch, forward="compiled", compile_mode="default", **common)
-        assert fast.forward == "compiled" and eager.forward == "eager"
+        fast = specbench.decode(batch, forward=forward, compile_mode="default", **common)
+        assert fast.forward == forward and eager.forward == "eager"
         assert fast.tokens == eager.tokens, f"B={len(batch)}"

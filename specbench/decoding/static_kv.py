@@ -30,7 +30,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specbench.decoding.attention import GROUPED, symbolic_columns
-from specbench.decoding.compile_cache import keyed_cache_dir
+from specbench.decoding.compile_cache import compiled_forward, concat_linears
 from specbench.decoding.forward_choice import fast_path_refusal
 from specbench.decoding.kvcache import attention_windows, cache_keyword, check_prefill_source, with_cache
 from specbench.decoding.timing import to_device, to_host
@@ -84,8 +84,7 @@ class RowCache(Cache):
 
 
 class StaticLM:
-    """`CachedLM`'s interface over a `RowCache` of fixed batch and capacity; forwards compiled per k (CPU: k = 1
-    and one graph for every k >= 2)."""
+    """`CachedLM`'s interface over a `RowCache` of fixed batch and capacity; forwards compiled per k (CPU: k = 1, k ≥ 2)."""
 
     def __init__(self, model: PreTrainedModel, capacity: int, compile_mode: str | None = None) -> None:
         if capacity < 2:
@@ -252,11 +251,9 @@ class StaticLM:
             # Dynamo guards on the dispatch keys: a normal tensor (warm-up's, a caller's) and an inference
             # tensor (a decode's) would get a graph each, the second compiled inside a timed decode.
             tokens = tokens.clone()
-        if k >= 2 and self.compiled and self.symbolic_columns:
-            # Every verify width shares one graph (k a symbol; 1 stays its own, specialised): a γ sweep compiles
-            # the target twice, not once per γ (analysis/gamma_sweep_fast_path_cpu_amx/).
-            torch._dynamo.maybe_mark_dynamic(tokens, 1)
-            torch._dynamo.maybe_mark_dynamic(positions, 1)
+        if k >= 2 and self.compiled and self.symbolic_columns:  # one graph for every verify width, not one per γ
+            for t in (tokens, positions):  # (analysis/gamma_sweep_fast_path_cpu_amx/)
+                torch._dynamo.maybe_mark_dynamic(t, 1)
         logits = self._run(tokens, positions, columns)
         for s in self.slots:
             self.lengths[s] += k
@@ -352,52 +349,3 @@ class StaticLM:
         n = self.lengths[slot]
         cache_layer = self.cache.layers[layer]
         return cache_layer.keys[slot, :, :n], cache_layer.values[slot, :, :n]
-
-
-def concat_linears(model: PreTrainedModel) -> bool:
-    """Whether a compile of `model` runs its linears that share an input (q/k/v, gate/up) as one GEMM
-    (`compiled_forward`): as the model tags itself (`config.specbench_concat_linears`: W4A16 copies), else
-    for float32 weights on CPU, where it shortens the target's step a little at every k (profile_step.py)."""
-    tagged = getattr(model.config, "specbench_concat_linears", None)
-    if tagged is not None:
-        return bool(tagged)
-    return model.device.type == "cpu" and model.dtype == torch.float32
-
-
-def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool = False):
-    """`torch.compile` of a forward with its weights frozen (prepacked once, as constants).
-
-    CPU, "max-autotune": inductor's C++ GEMM templates are timed against ATen per shape; at M = 1
-    they stream the weights much faster than eager's oneDNN call on the CPUs measured. CUDA:
-    inductor's "max-autotune" mode (Triton GEMMs and CUDA graphs). "default": freezing only.
-    The settings are inductor's process-wide config (`torch.compile(options=...)` did not apply
-    freezing here), so every later compile in the process gets them too; `concat_linears` alone is
-    per compile (`concat_linears`): on CPU, linears that share an input (q/k/v, gate/up) run as one
-    GEMM. It paid for int4 and fp32 weights, cost int8's and was even for bf16 (`scripts/profile_step.py
-    --concat-linears off / on`; analysis/fast_path_w4a16h8_concat_cpu_amx/), so W4A16 copies and fp32 get it.
-    specbench's weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`.
-    """
-    import torch._inductor.config as inductor
-
-    keyed_cache_dir()  # inductor's cache per CPU ISA (`compile_cache`)
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    inductor.freezing = True
-    # Inductor inlines a pointwise producer into its consumers unless its body is long. On CPU its
-    # default limit (50 ops) let q's rotary embedding (cos, sin, mul, add) be recomputed for every key
-    # column inside the fused attention reduction, a third of a W4A16 draft step in the profile
-    # (scripts/profile_step.py). Realizing producers past 10 ops stores q once and halves that layer's cost.
-    if hasattr(inductor, "realize_cpu_opcount_threshold"):  # absent in torch 2.11 (the GPU image's)
-        inductor.realize_cpu_opcount_threshold = min(inductor.realize_cpu_opcount_threshold, 10)
-    # specbench's weight-only ops on one input (q/k/v, gate/up) run as one call (`matvec_fusion`)
-    if inductor.post_grad_custom_pre_pass is None:
-        inductor.post_grad_custom_pre_pass = FUSION_PASS
-    if device.type != "cpu":
-        return torch.compile(step, mode=mode, dynamic=False)
-    # The wrapper's Python checks of every input's and custom op output's strides (~360 a W4A16 draft step) guard
-    # StaticLM's own buffers, one graph per (S, k): off, a draft step is ~2-3% shorter (profile_step.py)
-    inductor.size_asserts = inductor.alignment_asserts = False
-    if mode == "max-autotune":
-        inductor.max_autotune = True
-        inductor.max_autotune_gemm_backends = "CPP,ATEN"
-    # No `mode` on CPU ("default" is no mode; max-autotune is the config above): torch.compile takes one or options.
-    return torch.compile(step, dynamic=False, options={"cpp.enable_concat_linear": True} if concat_linears else None)

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.config.components import DTYPES as DTYPE_NAMES
-from specbench.models import choices
+from specbench.models import choices, cpu_bf16
 from specbench.models.choices import default_cache_dir  # noqa: F401 - specbench's cache folder, used from here
 from specbench.models.kernels import CpuLinear, clearly_faster, interleaved_medians, prepack_supported
 
@@ -94,15 +94,7 @@ def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned",
         for linear in linears:
             linear.requires_grad_(False).weight.copy_(torch.randn(out_features, in_features, generator=g))
         x = torch.randn(1, in_features, generator=g).to(DTYPES[name])
-        target = {"torch": linears}
-        if name == "bfloat16" and cpu_linear == "tuned":
-            tuned = [CpuLinear(linear) for linear in linears]
-            for layer in tuned:
-                layer.pack()
-            target = {"gemv": [t.gemv for t in tuned]}
-            if prepack_supported():
-                target["prepacked"] = [t.prepacked for t in tuned]
-        for kernel, fs in target.items():
+        for kernel, fs in target_kernels(name, linears, cpu_linear).items():
             runs[(name, "target", kernel)] = lambda fs=fs, x=x: [f(x) for f in fs]
         if draft_weights:
             draft = [WEIGHT_ONLY_LAYERS[draft_weights](linear, probe=False) for linear in linears]
@@ -115,6 +107,23 @@ def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned",
     for parts in seconds.values():
         parts["round"] = parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0)
     return seconds
+
+
+def target_kernels(dtype: str, linears: list[nn.Linear], cpu_linear: str = "tuned") -> dict[str, list]:
+    """The target's one-row kernels `time_cpu_dtypes` times for `dtype` (their fastest counts): in bf16 with tuned
+    linears every kernel a `CpuLinear` may run, specbench's own included (without it the probe picked fp32 on the
+    AVX2 path of an AMX Xeon, whose compiled step then streamed twice the bytes: analysis/engines_dtype_cpu_avx2_path/)."""
+    if dtype != "bfloat16" or cpu_linear != "tuned":
+        return {"torch": linears}
+    tuned = [CpuLinear(linear) for linear in linears]
+    for layer in tuned:
+        layer.pack()
+    kernels = {"gemv": [t.gemv for t in tuned]}
+    if prepack_supported():
+        kernels["prepacked"] = [t.prepacked for t in tuned]
+    if cpu_bf16.available():
+        kernels["own"] = [t.own for t in tuned]
+    return kernels
 
 
 def pick_dtype(seconds: dict[str, dict[str, float]]) -> str:
