@@ -76,7 +76,7 @@ DEFAULT_DRAFTS: dict[str, tuple[str, ...]] = {
     # kernel 1.02x the fast baseline, w4a16h8-g128 0.68x, CIs disjoint (analysis/engines_cpu_avx2_path/); the older
     # fp32 runs with group-32 copies never separated the two (analysis/fast_path_cpu_matvec_cpu_amx_avx2_kernels/)
     "avx2": ("w8a16", "w4a16h8", "ngram", "w4a16"),
-    # AVX2 with bf16 weights (what pair.dtype=auto now picks there): W8A16 on specbench's int8 kernel 1.07x
+    # AVX2 with bf16 weights (pair.dtype=bfloat16): W8A16 on specbench's int8 kernel 1.07x
     # [1.04, 1.10] the bf16 fast baseline (analysis/engines_dtype_cpu_avx2_path/); n-gram lost on every class run
     "avx2_bf16": ("w8a16", "ngram"),
     "other": ("ngram", "w8a16"),  # no vector kernels to speak of: no model draft can be cheap

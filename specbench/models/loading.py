@@ -56,6 +56,7 @@ def auto_dtype(device: str, draft_weights: str | None = None, cpu_linear: str = 
 
 PROBE_GAMMA = 4  # draft steps per probed round: fixed, so every job of a gamma sweep picks alike
 PROBE_SHAPE = (1536, 576)  # SmolLM2-135M's MLP weights [out, in]; 24 copies stream from memory
+PROBE_PREFILL_ROWS = 64  # a prompt chunk; a round is charged PROBE_GAMMA + 1 of its rows (prompt as long as output)
 
 
 def dtype_choice_name(draft_weights: str | None, cpu_linear: str) -> str:
@@ -65,8 +66,8 @@ def dtype_choice_name(draft_weights: str | None, cpu_linear: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def fastest_cpu_dtype(draft_weights: str | None = None, cpu_linear: str = "tuned") -> tuple[str, dict]:
-    """('bfloat16' | 'float32', per dtype the median seconds of a decode step's matvecs: {'target': ..,
-    'draft': .., 'round': target + PROBE_GAMMA x draft}); fp32 wins only by more than a near-tie (`pick_dtype`).
+    """('bfloat16' | 'float32', per dtype the median seconds of a round's matmuls: {'target': .., 'draft': ..,
+    'prefill': .., 'round': target + PROBE_GAMMA x draft + prefill}); fp32 wins only by more than a near-tie (`pick_dtype`).
     Timed once per machine and software version by `time_cpu_dtypes` (`choices.cached`: every later
     process, and so every job of a sweep, reads the same choice)."""
     name = dtype_choice_name(draft_weights, cpu_linear)
@@ -74,9 +75,11 @@ def fastest_cpu_dtype(draft_weights: str | None = None, cpu_linear: str = "tuned
 
 
 def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned", repeats: int = 7) -> dict:
-    """Per dtype the median seconds of a decode step's matvecs: {'target': .., 'draft': .., 'round': ..}.
+    """Per dtype the median seconds of a round's matmuls: {'target': .., 'draft': .., 'prefill': .., 'round': ..}.
 
-    Timed in the kernels a job runs, interleaved: the target's matvecs
+    'prefill': the prompt rows a round's tokens stand for (`PROBE_PREFILL_ROWS`). Without it the probe picked bf16
+    on the AVX2 path of an AMX Xeon, where bf16 decodes faster but prefills 4-5x slower, and end to end lost to
+    fp32 (analysis/engines_dtype_cpu_avx2_path/). Timed in the kernels a job runs, interleaved: the target's matvecs
     in bf16 as `CpuLinear` runs them (the faster of ATen's gemv and the prepacked oneDNN kernel) unless
     `cpu_linear='torch'`, in fp32 as nn.Linear; a weight-only draft's (`draft_weights` 'int8' | 'int4')
     in its layer's kernel for that dtype (fp32: specbench's `cpu_matvec` where it builds, else torch's int4
@@ -96,6 +99,8 @@ def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned",
         x = torch.randn(1, in_features, generator=g).to(DTYPES[name])
         for kernel, fs in target_kernels(name, linears, cpu_linear).items():
             runs[(name, "target", kernel)] = lambda fs=fs, x=x: [f(x) for f in fs]
+        prompt = torch.randn(PROBE_PREFILL_ROWS, in_features, generator=g).to(DTYPES[name])
+        runs[(name, "prefill", "torch")] = lambda fs=linears, x=prompt: [f(x) for f in fs]
         if draft_weights:
             draft = [WEIGHT_ONLY_LAYERS[draft_weights](linear, probe=False) for linear in linears]
             runs[(name, "draft", draft_weights)] = lambda fs=draft, x=x: [f(x) for f in fs]
@@ -105,14 +110,15 @@ def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned",
     for (name, part, _kernel), t in median.items():  # a part's kernel is the faster of those timed
         seconds[name][part] = min(t, seconds[name].get(part, t))
     for parts in seconds.values():
-        parts["round"] = parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0)
+        parts["prefill"] *= (PROBE_GAMMA + 1) / PROBE_PREFILL_ROWS
+        parts["round"] = parts["target"] + PROBE_GAMMA * parts.get("draft", 0.0) + parts["prefill"]
     return seconds
 
 
 def target_kernels(dtype: str, linears: list[nn.Linear], cpu_linear: str = "tuned") -> dict[str, list]:
     """The target's one-row kernels `time_cpu_dtypes` times for `dtype` (their fastest counts): in bf16 with tuned
-    linears every kernel a `CpuLinear` may run, specbench's own included (without it the probe picked fp32 on the
-    AVX2 path of an AMX Xeon, whose compiled step then streamed twice the bytes: analysis/engines_dtype_cpu_avx2_path/)."""
+    linears every kernel a `CpuLinear` may run, specbench's own included (without it the bf16 step was timed 2.5x
+    slower than it runs on the AVX2 path of an AMX Xeon: analysis/engines_dtype_cpu_avx2_path/)."""
     if dtype != "bfloat16" or cpu_linear != "tuned":
         return {"torch": linears}
     tuned = [CpuLinear(linear) for linear in linears]
