@@ -9,7 +9,7 @@ records on (`cpp.enable_kernel_profile`), prefills a prompt, then profiles `--st
 k tokens (the prefill is outside the profile). Prints the median step time and the kernels by
 self time: GEMMs show as `gemm_m<k>n<out>k<in>`, fused pointwise/attention kernels as `cpp_fused_*`,
 and `Call CompiledFxGraph`'s self time is the Python wrapper between them. The figures behind the
-fast path's inductor settings (`specbench.decoding.static_kv.compiled_forward`) came from here.
+fast path's inductor settings (`specbench.decoding.compile_cache.compiled_forward`) came from here.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main() -> None:
     model = pair.draft_model if args.model == "draft" else pair.target
     if model is None:
         raise SystemExit(f"--draft {args.draft!r} has no model to profile; use --model target or a model draft")
-    if args.concat_linears != "as-tagged":  # before the compile, which reads the tag (`static_kv.compiled_forward`)
+    if args.concat_linears != "as-tagged":  # before the compile, which reads the tag (`compile_cache.compiled_forward`)
         model.config.specbench_concat_linears = args.concat_linears == "on"
     need = args.prompt_tokens + args.k * (args.steps + 21) + 1
     if args.capacity is not None and args.capacity < need:

@@ -143,7 +143,7 @@ def test_forwards_attend_to_the_rows_columns_not_the_capacity(path, target):
 
 def test_compiled_w4a16_copy_fuses_its_linears_and_matches_its_static_forward(prompts):
     """A W4A16 copy tags itself for inductor's concatenated linears (q/k/v and gate/up as one int4 GEMM each,
-    `static_kv.compiled_forward`); compiled that way its logits are the uncompiled static path's, and the
+    `compile_cache.compiled_forward`); compiled that way its logits are the uncompiled static path's, and the
     target it was copied from stays untagged (its bf16 GEMMs did not gain)."""
     target = tiny_llama(0, dtype=torch.float32)
     draft = quantize_w4a16(target, head="int8")

@@ -285,10 +285,14 @@ def test_llama_cpp_job_writes_rows_costs_and_a_report(tmp_path):
 
 
 @needs_llama
-@pytest.mark.parametrize("name", ["llama_cpp:probabilistic", "llama_cpp:probabilistic@0.5"])
+@pytest.mark.parametrize(
+    "name", ["llama_cpp:probabilistic", pytest.param("llama_cpp:probabilistic@0.5", marks=pytest.mark.slow)]
+)
 def test_llama_cpp_speculative_sampling_passes_the_audit(name):
     """llama.cpp's sampled draft with rejection sampling, and with its own draft-length policy (`--spec-draft-p-min`:
-    stop drafting when the draft's top probability falls below it), keep the target's distribution at T = 1."""
+    stop drafting when the draft's top probability falls below it), keep the target's distribution at T = 1.
+    ~65 s each: the policy's run is marked slow to keep the suite near 15 min (its name's parsing runs in every suite:
+    `test_llama_cpp_p_min_names_are_checked`)."""
     from specbench.audit.core import run_audit
     from specbench.audit.llama_cpp import LlamaCppAudit
     from specbench.audit.settings import AuditSettings

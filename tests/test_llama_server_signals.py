@@ -24,6 +24,9 @@ needs_llama = pytest.mark.skipif(
 
 # The job: start one real llama-server on the embedded GGUF, write its pid, then wait to be signalled.
 # With STALL=1 the health check never answers, so the job is caught while the server is starting.
+# Waits are short sleeps in a loop, as the real health check's are: the job has several OS threads (torch's), the
+# kernel may hand a signal to any of them, and Python runs its handler only when the main thread next wakes; one long
+# sleep left the main thread asleep past the test's 60 s (once in a full suite).
 JOB = r"""
 import os, subprocess, sys, time
 from pathlib import Path
@@ -33,6 +36,10 @@ from specbench.models.loading import embedded_gguf
 out = Path(sys.argv[1])
 real_popen = subprocess.Popen
 
+def wait_forever():
+    while True:
+        time.sleep(0.1)
+
 def popen(*args, **kwargs):
     p = real_popen(*args, **kwargs)
     out.joinpath("server.pid").write_text(str(p.pid))
@@ -41,12 +48,12 @@ def popen(*args, **kwargs):
 srv.subprocess.Popen = popen
 if os.environ.get("STALL") == "1":
     def never_healthy(self, *a, **k):
-        time.sleep(3600)
+        wait_forever()
     srv.LlamaServer._request = never_healthy
 with srv.LlamaServer(srv.ServerSpec(embedded_gguf(), threads=1, ctx_size=256, startup_timeout=600)) as s:
     out.joinpath("log.path").write_text(str(s.log_path))
     out.joinpath("ready").write_text("1")
-    time.sleep(3600)
+    wait_forever()
 """
 
 GONE_WITHIN = 60.0  # a generous bound on how long a signalled process may take to exit

@@ -83,13 +83,16 @@ def test_auto_draft_is_the_measured_default_for_the_cpu_class(monkeypatch, capab
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_auto_draft_on_avx2_with_half_weights_forced_is_ngram(monkeypatch, dtype):
-    """Forced half weights on AVX2 run torch's weight-only kernels, not specbench's fp32 ones: there the
-    measured default is n-gram lookup (W8A16 where a model is needed), not the fp32 kernels' w4a16h8."""
+def test_auto_draft_on_avx2_with_half_weights_reads_its_own_row(monkeypatch, dtype):
+    """Half weights on AVX2 run other kernels than fp32 (bf16 activations into specbench's int8 kernel), so they read
+    their own measured row, `avx2_bf16`: W8A16 first since analysis/engines_dtype_cpu_avx2_path/ (n-gram before)."""
     from specbench.config import PairConfig
+    from specbench.models.draft_kinds import draft_class
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert Config(pair=PairConfig(dtype=dtype)).draft.kind == "ngram"
+    assert draft_class("cpu", dtype) == "avx2_bf16"
+    assert draft_class("cpu", "float32") == draft_class("cpu", "auto") == "avx2"
+    assert Config(pair=PairConfig(dtype=dtype)).draft.kind == "w8a16"
     assert Config(pair=PairConfig(dtype=dtype), decoder="hf_assisted").draft.kind == "w8a16"
     assert Config(pair=PairConfig(dtype="float32")).draft.kind == "w8a16"  # fp32 and auto: the avx2 class
     assert Config(pair=PairConfig(dtype="auto")).draft.kind == "w8a16"
