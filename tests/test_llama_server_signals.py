@@ -24,12 +24,16 @@ needs_llama = pytest.mark.skipif(
 
 # The job: start one real llama-server on the embedded GGUF, write its pid, then wait to be signalled.
 # With STALL=1 the health check never answers, so the job is caught while the server is starting.
-# Waits are short sleeps in a loop, as the real health check's are: the job has several OS threads (torch's), the
-# kernel may hand a signal to any of them, and Python runs its handler only when the main thread next wakes; one long
-# sleep left the main thread asleep past the test's 60 s (once in a full suite).
+# Waits are short sleeps in a loop, as the real health check's are. In full suites (never alone) the Ctrl-C case's job
+# outlived its 60 s; a job that still does reports its signal masks and threads (`_state`).
 JOB = r"""
-import os, subprocess, sys, time
+import os, signal, subprocess, sys, time
 from pathlib import Path
+
+# Ctrl-C as a user's terminal delivers it: whatever the test runner's process left ignored or blocked, which a
+# child inherits, the job starts with SIGINT raising KeyboardInterrupt.
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from specbench.llama_cpp import server as srv
 from specbench.models.loading import embedded_gguf
 
@@ -74,6 +78,16 @@ def _wait_for(path: Path, proc: subprocess.Popen, limit: float = 300.0) -> None:
         time.sleep(0.1)
 
 
+def _state(pid: int) -> str:
+    """What a stuck job is doing: its signal masks and each thread's state and kernel wait channel."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    lines = [line for line in status if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt", "Threads"))]
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        wchan = (task / "wchan").read_text() if (task / "wchan").exists() else "?"
+        lines.append(f"{task.name}: {(task / 'stat').read_text().split(')')[-1].split()[0]} {wchan}")
+    return "; ".join(lines)
+
+
 def _gone(pid: int) -> bool:
     deadline = time.monotonic() + GONE_WITHIN
     while _alive(pid) and time.monotonic() < deadline:
@@ -103,7 +117,10 @@ def test_no_llama_server_outlives_its_job(tmp_path, sig, stall):
         server = int((tmp_path / "server.pid").read_text())
         assert _alive(server)  # with STALL the job is inside start() from before Popen: any moment is "during startup"
         job.send_signal(sig)
-        job.wait(timeout=GONE_WITHIN)
+        try:
+            job.wait(timeout=GONE_WITHIN)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job outlived {signal.Signals(sig).name} by {GONE_WITHIN:.0f} s: {_state(job.pid)}")
         assert _gone(server), f"llama-server {server} outlived its job ({signal.Signals(sig).name})"
         if sig != signal.SIGKILL:  # a killed job cannot tidy up; its log goes at the next start (below)
             assert not list(tmp_path.glob("llama-server-*.log")), "the job's llama-server log was left behind"
