@@ -375,6 +375,7 @@ def attention_reference(q, key, value, mask, scale):
     return (scores.softmax(-1) @ value).transpose(1, 2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "b,g,r,d,c,masked",
     [
@@ -385,11 +386,24 @@ def attention_reference(q, key, value, mask, scale):
         (3, 2, 2, 8, 9, True),
     ],
 )
-def test_one_query_attention_is_softmax_attention(b, g, r, d, c, masked):
-    q, key, value, mask = attention_case(b, g, r, d, c)
+def test_one_query_attention_is_softmax_attention(b, g, r, d, c, masked, dtype):
+    """bf16 inputs are read exactly and summed in float32: the answer is the float64 one on those inputs, to within
+    the output's rounding to bf16 (a relative 2^-8)."""
+    q, key, value, mask = (x.to(dtype) for x in attention_case(b, g, r, d, c))
     mask = mask if masked else None
     got = cpu_matvec.one_query_attention(q, key, value, mask, d**-0.5)
-    torch.testing.assert_close(got.double(), attention_reference(q, key, value, mask, d**-0.5), rtol=1e-5, atol=1e-5)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2**-8
+    torch.testing.assert_close(got.double(), attention_reference(q, key, value, mask, d**-0.5), rtol=tol, atol=1e-5)
+
+
+def test_one_query_attention_takes_a_float32_mask_with_bf16_tensors():
+    q, key, value, mask = attention_case(2, 3, 3, 64, 40)
+    q, key, value = (x.bfloat16() for x in (q, key, value))
+    assert torch.equal(
+        cpu_matvec.one_query_attention(q, key, value, mask, 0.125),
+        cpu_matvec.one_query_attention(q, key, value, mask.bfloat16(), 0.125),
+    )
 
 
 def test_one_query_attention_is_the_same_on_any_thread_count_any_layout_and_compiled():
@@ -417,11 +431,13 @@ def test_one_query_attention_is_the_same_on_any_thread_count_any_layout_and_comp
     "change,message",
     [
         (lambda q, k, v, m: (q[..., :12], k[..., :12], v[..., :12], m), "multiple of 8"),
-        (lambda q, k, v, m: (q.bfloat16(), k.bfloat16(), v.bfloat16(), m), "float32"),
+        (lambda q, k, v, m: (q.bfloat16(), k, v, m), "must all be float32 or all bfloat16"),
+        (lambda q, k, v, m: (q.half(), k.half(), v.half(), m), "must all be float32 or all bfloat16"),
         (lambda q, k, v, m: (q, k, v[:, :, :-1], m), "do not fit"),
         (lambda q, k, v, m: (q[:, :3], k, v, m), "do not group"),
-        (lambda q, k, v, m: (q, k, v, m[..., :-1]), "mask must be float32 [B, 1, 1, C]"),
-        (lambda q, k, v, m: (q, k, v, m.double()), "mask must be float32 [B, 1, 1, C]"),
+        (lambda q, k, v, m: (q, k, v, m[..., :-1]), "mask must be float32 or q's dtype, [B, 1, 1, C]"),
+        (lambda q, k, v, m: (q, k, v, m.double()), "mask must be float32 or q's dtype, [B, 1, 1, C]"),
+        (lambda q, k, v, m: (q, k, v, m.bfloat16()), "mask must be float32 or q's dtype, [B, 1, 1, C]"),
     ],
 )
 def test_one_query_attention_refuses_bad_input_naming_what_is_allowed(change, message):
@@ -431,14 +447,16 @@ def test_one_query_attention_refuses_bad_input_naming_what_is_allowed(change, me
     assert message in str(info.value)
 
 
-def test_a_compiled_float32_step_attends_with_the_kernel_and_matches_the_uncompiled_one(prompts):
-    """k = 1 forwards of a compiled fp32 model run `specbench::one_query_attention` (the profiler sees it) and give
-    the logits of the uncompiled static path (transformers' SDPA): rows of different lengths, columns masked."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_compiled_step_attends_with_the_kernel_and_matches_the_uncompiled_one(prompts, dtype):
+    """k = 1 forwards of a compiled float32 or bf16 model run `specbench::one_query_attention` (the profiler sees it)
+    and give the logits of the uncompiled static path (transformers' SDPA): rows of different lengths, columns
+    masked. bf16: to within the rounding of bf16 activations between kernels that sum in different orders."""
     from torch.profiler import ProfilerActivity, profile
 
     from specbench.decoding.static_kv import StaticLM
 
-    target = tiny_llama(3, dtype=torch.float32)
+    target = tiny_llama(3, dtype=dtype)
     static, fast = StaticLM(target, 64), ForwardPath("compiled", "default", 64).lm(target)
     x = torch.tensor([[5], [9], [2], [30]])[: len(prompts)]
     for lm in (static, fast):
@@ -446,4 +464,5 @@ def test_a_compiled_float32_step_attends_with_the_kernel_and_matches_the_uncompi
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         got = fast.feed(x)
     assert any("one_query_attention" in e.name for e in prof.events())
-    torch.testing.assert_close(got, static.feed(x), rtol=1e-4, atol=1e-4)
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    torch.testing.assert_close(got.float(), static.feed(x).float(), rtol=tol, atol=tol)

@@ -7,7 +7,7 @@ those copies into a GEMM template's layout as well (two thirds of a compiled ver
 profile). Here the query heads of a group become extra rows against their one key/value head: the
 same scores, nothing copied (analysis/fast_path_one_copy_cpu_amx/). At one query a row (a draft step,
 a plain decode step) that form's GEMM of r rows is slower than eager's broadcast, so one query takes
-eager's form, which inductor fuses into two small reductions; in float32 on CPU,
+eager's form, which inductor fuses into two small reductions; on CPU in float32 or bf16,
 specbench's AVX2 kernel for it (`cpu_matvec.one_query_attention`) where the kernels are loaded.
 """
 
@@ -107,16 +107,18 @@ def _one_query(
 def one_query_kernel(
     q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, dropout: float
 ) -> bool:
-    """Whether `cpu_matvec.one_query_attention` runs a one-query attention (q [B, H, 1, d]): float32 on CPU, a
-    head dim it takes, one mask for all heads, no dropout, and specbench's kernels loaded (`StaticLM` loads
+    """Whether `cpu_matvec.one_query_attention` runs a one-query attention (q [B, H, 1, d]): float32 or bf16 on CPU,
+    a head dim it takes, one mask for all heads, no dropout, and specbench's kernels loaded (`StaticLM` loads
     them before it compiles: this check must not build them inside a traced forward). The kernel beats
-    inductor's fused form, most on long contexts (analysis/fast_path_one_query_attention_cpu_amx_avx2/)."""
+    inductor's fused form, most on long contexts: in float32 (analysis/fast_path_one_query_attention_cpu_amx_avx2/)
+    and in bf16 (analysis/fast_path_one_query_attention_bf16_cpu_amx/)."""
     return (
         q.device.type == "cpu"
-        and q.dtype == key.dtype == value.dtype == torch.float32
+        and q.dtype == key.dtype == value.dtype
+        and q.dtype in (torch.float32, torch.bfloat16)
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= cpu_matvec.MAX_HEAD_DIM
-        and (mask is None or (mask.dtype == torch.float32 and mask.shape[1] == 1))
+        and (mask is None or (mask.dtype in (torch.float32, q.dtype) and mask.shape[1] == 1))
         and dropout == 0.0
         and cpu_matvec.loaded()
     )

@@ -1,9 +1,11 @@
-// One query a row against a KV cache, float32, AVX2 + FMA: the attention of a CPU decode step (a draft step, a
-// plain decode step). Compiled, inductor's fused reduction for it took ~48 us a layer at 320 cached columns (2
-// threads, the embedded pair's 3 kv heads x 3 queries x 64), a third of the layer's int4 weight time; this one
-// keeps a query in registers, scores four columns per pass, and runs a polynomial exp. Built into the same
-// extension as `cpu_matvec.cpp` (`specbench.models.cpu_matvec.available`).
+// One query a row against a KV cache, float32 or bf16 (read as float32, summed in float32), AVX2 + FMA, and for bf16
+// an AVX-512 BF16 form: the attention of a CPU decode step (a draft step, a plain decode step). Compiled, inductor's
+// fused reduction for it took ~48 us a layer at 320 cached columns in float32 (2 threads, the embedded pair's 3 kv
+// heads x 3 queries x 64) and ~40 in bf16 (analysis/fast_path_one_query_attention_bf16_cpu_amx/); this one keeps a
+// query in registers and runs a polynomial exp. Built into the same extension as `cpu_matvec.cpp`
+// (`specbench.models.cpu_matvec.available`).
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -14,9 +16,12 @@
 #include <optional>
 #include <vector>
 
+bool specbench_aten_allows_avx512();  // cpu_bf16.cpp: torch's kernel level is AVX-512 (ATEN_CPU_CAPABILITY)
+
 namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 128;  // a query's 16 registers of 8 floats
+constexpr int64_t PREFETCH_COLUMNS = 16;  // how far ahead the AVX-512 form fetches key and value rows
 
 // Also in cpu_matvec.cpp: torch's JIT build decides to rebuild from the listed sources' contents only, so a shared
 // header, once edited, would leave a stale extension in place.
@@ -42,11 +47,161 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
+// s[c] = e^(s[c] - max s) in place; returns their sum (a softmax's denominator).
+inline float exponentiate(float* s, int64_t C) {
+  const float top = *std::max_element(s, s + C);
+  const __m256 top8 = _mm256_set1_ps(top);
+  __m256 total8 = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= C; c += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + c), top8));
+    _mm256_storeu_ps(s + c, e);
+    total8 = _mm256_add_ps(total8, e);
+  }
+  float total = horizontal_sum(total8);
+  for (; c < C; ++c) total += (s[c] = std::exp(s[c] - top));
+  return total;
+}
+
+// Eight (four) values as float32: bf16 is the top half of a float32's bits.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline __m128 load4(const float* p) { return _mm_loadu_ps(p); }
+inline __m128 load4(const c10::BFloat16* p) {
+  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8(c10::BFloat16* p, __m256 v) {  // round to nearest even, as torch's conversion does
+  alignas(32) float f[8];
+  _mm256_store_ps(f, v);
+  for (int i = 0; i < 8; ++i) p[i] = c10::BFloat16(f[i]);
+}
+
+// The kernel over T (q, key, value, out) and M (the mask): one task per query head, the embedded pair's 9 split over
+// 2 threads 5 / 4. Pointers and strides as `one_query_attention` checked them.
+template <typename T, typename M>
+void attend(const T* qp, const T* kp, const T* vp, const M* mp, T* op, int64_t B, int64_t H, int64_t R, int64_t D,
+            int64_t C, const int64_t* k_stride, const int64_t* v_stride, int64_t m_stride, float sc) {
+  const int64_t vecs = D / 8, k_row = k_stride[2], v_row = v_stride[2];
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(C);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / H, g = (t % H) / R;
+      const T* keys = kp + b * k_stride[0] + g * k_stride[1];
+      const T* values = vp + b * v_stride[0] + g * v_stride[1];
+      const M* row_mask = mp ? mp + b * m_stride : nullptr;
+      __m256 qv[MAX_HEAD_DIM / 8];
+      for (int64_t j = 0; j < vecs; ++j) qv[j] = _mm256_mul_ps(load8(qp + t * D + 8 * j), _mm256_set1_ps(sc));
+      int64_t c = 0;
+      for (; c + 4 <= C; c += 4) {  // four columns a pass: four FMA chains, one horizontal sum for all four
+        const T* k0 = keys + c * k_row;
+        for (int64_t i = 0; i < 4; ++i)  // as in `head_avx512`
+          for (int64_t at = 0; at < D * static_cast<int64_t>(sizeof(T)); at += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(k0 + (PREFETCH_COLUMNS + i) * k_row) + at, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS + i) * v_row) + at, _MM_HINT_T1);
+          }
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < vecs; ++j) {
+          a0 = _mm256_fmadd_ps(qv[j], load8(k0 + 8 * j), a0);
+          a1 = _mm256_fmadd_ps(qv[j], load8(k0 + k_row + 8 * j), a1);
+          a2 = _mm256_fmadd_ps(qv[j], load8(k0 + 2 * k_row + 8 * j), a2);
+          a3 = _mm256_fmadd_ps(qv[j], load8(k0 + 3 * k_row + 8 * j), a3);
+        }
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 four = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        if (row_mask) four = _mm_add_ps(four, load4(row_mask + c));
+        _mm_storeu_ps(s.data() + c, four);
+      }
+      for (; c < C; ++c) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t j = 0; j < vecs; ++j) a = _mm256_fmadd_ps(qv[j], load8(keys + c * k_row + 8 * j), a);
+        s[c] = horizontal_sum(a) + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
+      }
+      const float total = exponentiate(s.data(), C);
+      __m256 acc[MAX_HEAD_DIM / 8];
+      for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_setzero_ps();
+      for (c = 0; c < C; ++c) {
+        const __m256 w = _mm256_set1_ps(s[c]);
+        const T* v = values + c * v_row;
+        for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_fmadd_ps(w, load8(v + 8 * j), acc[j]);
+      }
+      const __m256 inv = _mm256_set1_ps(1.f / total);
+      for (int64_t j = 0; j < vecs; ++j) store8(op + t * D + 8 * j, _mm256_mul_ps(acc[j], inv));
+    }
+  });
+}
+
+// bf16 on AVX-512 BF16: a score is two `vdpbf16ps` over the query's and the column's bf16 pairs (exact products,
+// float32 sums), a value row 16 lanes a load; about a third of the AVX2 form's instructions a column. d a multiple of
+// 32. One query head (task t) into s [C] scratch; same tasks, same softmax as `attend`. A function of its own: the
+// target attribute does not reach into a lambda.
+template <typename M>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void head_avx512(
+    int64_t t, float* s, const c10::BFloat16* qp, const c10::BFloat16* kp, const c10::BFloat16* vp, const M* mp,
+    c10::BFloat16* op, int64_t H, int64_t R, int64_t D, int64_t C, const int64_t* k_stride, const int64_t* v_stride,
+    int64_t m_stride, float sc) {
+  const int64_t pairs = D / 32, lanes = D / 16, k_row = k_stride[2], v_row = v_stride[2];
+  const int64_t b = t / H, g = (t % H) / R;
+  const c10::BFloat16* keys = kp + b * k_stride[0] + g * k_stride[1];
+  const c10::BFloat16* values = vp + b * v_stride[0] + g * v_stride[1];
+  const M* row_mask = mp ? mp + b * m_stride : nullptr;
+  __m512bh qv[MAX_HEAD_DIM / 32];
+  for (int64_t j = 0; j < pairs; ++j) qv[j] = (__m512bh)_mm512_loadu_si512(qp + t * D + 32 * j);
+  for (int64_t c = 0; c < C; ++c) {
+    const c10::BFloat16* k = keys + c * k_row;
+    for (int64_t at = 0; at < 2 * D; at += 64) {  // the cache comes from memory, behind a layer's weights
+      _mm_prefetch(reinterpret_cast<const char*>(k + PREFETCH_COLUMNS * k_row) + at, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS) * v_row) + at, _MM_HINT_T1);
+    }
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t j = 0; j < pairs; ++j) a = _mm512_dpbf16_ps(a, qv[j], (__m512bh)_mm512_loadu_si512(k + 32 * j));
+    s[c] = _mm512_reduce_add_ps(a) * sc + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
+  }
+  const float total = exponentiate(s, C);
+  __m512 acc[MAX_HEAD_DIM / 16];
+  for (int64_t j = 0; j < lanes; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < C; ++c) {
+    const __m512 w = _mm512_set1_ps(s[c]);
+    const c10::BFloat16* v = values + c * v_row;
+    for (int64_t j = 0; j < lanes; ++j) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * j));
+      acc[j] = _mm512_fmadd_ps(w, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)), acc[j]);
+    }
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / total);
+  alignas(64) float f[16];
+  for (int64_t j = 0; j < lanes; ++j) {
+    _mm512_store_ps(f, _mm512_mul_ps(acc[j], inv));
+    for (int i = 0; i < 16; ++i) op[t * D + 16 * j + i] = c10::BFloat16(f[i]);
+  }
+}
+
+template <typename M>
+void attend_avx512(const c10::BFloat16* qp, const c10::BFloat16* kp, const c10::BFloat16* vp, const M* mp,
+                   c10::BFloat16* op, int64_t B, int64_t H, int64_t R, int64_t D, int64_t C, const int64_t* k_stride,
+                   const int64_t* v_stride, int64_t m_stride, float sc) {
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(C);
+    for (int64_t t = begin; t < end; ++t)
+      head_avx512<M>(t, s.data(), qp, kp, vp, mp, op, H, R, D, C, k_stride, v_stride, m_stride, sc);
+  });
+}
+
+bool avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512bf16") && specbench_aten_allows_avx512();
+  return yes;
+}
+
 // out[b, h] = softmax_c(scale * q[b, h] . key[b, h / r, c] + mask[b, c]) @ value[b, h / r, c]
 // q [B, H, 1, d] (H = G r: r query heads per key/value head, as transformers orders them); key, value [B, G, C, d]
-// (views of a longer cache are read in place); mask [B, 1, 1, C] additive (any finite value, the dtype's min where
-// masked) or none. Returns [B, 1, H, d]. q and the mask come as transformers has them, not as views of them: inductor
-// could not re-lay-out such a view with the column count a symbol of the graph.
+// (views of a longer cache are read in place), all float32 or all bf16; mask [B, 1, 1, C] additive (any finite value,
+// the dtype's min where masked), float32 or q's dtype, or none. Returns [B, 1, H, d] in q's dtype. q and the mask come
+// as transformers has them, not as views of them: inductor could not re-lay-out such a view with the column count a
+// symbol of the graph.
 at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
                                const std::optional<at::Tensor>& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && key.dim() == 4 && value.dim() == 4,
@@ -60,15 +215,17 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& key, const
               ": a multiple of 8 up to ", MAX_HEAD_DIM, " is required");
   TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == B && key.size(3) == D && C >= 1,
               "specbench::one_query_attention: key ", key.sizes(), " and value ", value.sizes(), " do not fit q ", q.sizes());
-  for (const auto* t : {&q, &key, &value})
-    TORCH_CHECK(t->scalar_type() == at::kFloat, "specbench::one_query_attention: float32 tensors are required, got ",
-                t->scalar_type());
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && key.scalar_type() == dtype &&
+                  value.scalar_type() == dtype,
+              "specbench::one_query_attention: q, key and value must all be float32 or all bfloat16, got ", dtype, ", ",
+              key.scalar_type(), ", ", value.scalar_type());
   const bool masked = mask.has_value() && mask->defined();
   if (masked)
-    TORCH_CHECK(mask->scalar_type() == at::kFloat && mask->dim() == 4 && mask->size(0) == B && mask->size(1) == 1 &&
-                    mask->size(2) == 1 && mask->size(3) == C,
-                "specbench::one_query_attention: mask must be float32 [B, 1, 1, C], got ", mask->sizes(), " ",
-                mask->scalar_type());
+    TORCH_CHECK((mask->scalar_type() == at::kFloat || mask->scalar_type() == dtype) && mask->dim() == 4 &&
+                    mask->size(0) == B && mask->size(1) == 1 && mask->size(2) == 1 && mask->size(3) == C,
+                "specbench::one_query_attention: mask must be float32 or q's dtype, [B, 1, 1, C], got ", mask->sizes(),
+                " ", mask->scalar_type());
   // Any layout is read (the op is `flexible_layout`: inductor passes the cache's views as they are); only a last
   // dim that is not contiguous is copied.
   const at::Tensor qc = q.contiguous();
@@ -76,64 +233,31 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& key, const
   const at::Tensor values_in = value.stride(3) == 1 ? value : value.contiguous();
   const at::Tensor mask_in = !masked ? at::Tensor() : mask->stride(3) == 1 ? *mask : mask->contiguous();
   at::Tensor out = at::empty({B, 1, H, D}, q.options());
-  const float* qp = qc.data_ptr<float>();
-  const float* kp = keys_in.data_ptr<float>();
-  const float* vp = values_in.data_ptr<float>();
-  const float* mp = masked ? mask_in.data_ptr<float>() : nullptr;
-  float* op = out.data_ptr<float>();
-  const int64_t vecs = D / 8, k_row = keys_in.stride(2), v_row = values_in.stride(2);
+  const int64_t* ks = keys_in.strides().data();
+  const int64_t* vs = values_in.strides().data();
+  const int64_t ms = masked ? mask_in.stride(0) : 0;
   const float sc = static_cast<float>(scale);
-  // one task per query head: the embedded pair's 9 split over 2 threads 5 / 4
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(C);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b = t / H, g = (t % H) / R;
-      const float* keys = kp + b * keys_in.stride(0) + g * keys_in.stride(1);
-      const float* values = vp + b * values_in.stride(0) + g * values_in.stride(1);
-      const float* row_mask = masked ? mp + b * mask_in.stride(0) : nullptr;
-      __m256 qv[MAX_HEAD_DIM / 8];
-      for (int64_t j = 0; j < vecs; ++j) qv[j] = _mm256_mul_ps(_mm256_loadu_ps(qp + t * D + 8 * j), _mm256_set1_ps(sc));
-      int64_t c = 0;
-      for (; c + 4 <= C; c += 4) {  // four columns a pass: four FMA chains, one horizontal sum for all four
-        const float* k0 = keys + c * k_row;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t j = 0; j < vecs; ++j) {
-          a0 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k0 + 8 * j), a0);
-          a1 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k0 + k_row + 8 * j), a1);
-          a2 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k0 + 2 * k_row + 8 * j), a2);
-          a3 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k0 + 3 * k_row + 8 * j), a3);
-        }
-        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        __m128 four = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        if (row_mask) four = _mm_add_ps(four, _mm_loadu_ps(row_mask + c));
-        _mm_storeu_ps(s.data() + c, four);
-      }
-      for (; c < C; ++c) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t j = 0; j < vecs; ++j) a = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(keys + c * k_row + 8 * j), a);
-        s[c] = horizontal_sum(a) + (row_mask ? row_mask[c] : 0.f);
-      }
-      const float top = *std::max_element(s.begin(), s.end());
-      const __m256 top8 = _mm256_set1_ps(top);
-      __m256 total8 = _mm256_setzero_ps();
-      for (c = 0; c + 8 <= C; c += 8) {
-        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s.data() + c), top8));
-        _mm256_storeu_ps(s.data() + c, e);
-        total8 = _mm256_add_ps(total8, e);
-      }
-      float total = horizontal_sum(total8);
-      for (; c < C; ++c) total += (s[c] = std::exp(s[c] - top));
-      __m256 acc[MAX_HEAD_DIM / 8];
-      for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_setzero_ps();
-      for (c = 0; c < C; ++c) {
-        const __m256 w = _mm256_set1_ps(s[c]);
-        const float* v = values + c * v_row;
-        for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * j), acc[j]);
-      }
-      const __m256 inv = _mm256_set1_ps(1.f / total);
-      for (int64_t j = 0; j < vecs; ++j) _mm256_storeu_ps(op + t * D + 8 * j, _mm256_mul_ps(acc[j], inv));
-    }
-  });
+  if (dtype == at::kFloat) {
+    attend<float, float>(qc.data_ptr<float>(), keys_in.data_ptr<float>(), values_in.data_ptr<float>(),
+                         masked ? mask_in.data_ptr<float>() : nullptr, out.data_ptr<float>(), B, H, R, D, C, ks, vs, ms,
+                         sc);
+    return out;
+  }
+  using bf16 = c10::BFloat16;
+  const bf16 *qp = qc.data_ptr<bf16>(), *kp = keys_in.data_ptr<bf16>(), *vp = values_in.data_ptr<bf16>();
+  if (avx512_bf16() && D % 32 == 0) {
+    if (masked && mask_in.scalar_type() == at::kFloat)
+      attend_avx512<float>(qp, kp, vp, mask_in.data_ptr<float>(), out.data_ptr<bf16>(), B, H, R, D, C, ks, vs, ms, sc);
+    else
+      attend_avx512<bf16>(qp, kp, vp, masked ? mask_in.data_ptr<bf16>() : nullptr, out.data_ptr<bf16>(), B, H, R, D, C,
+                          ks, vs, ms, sc);
+    return out;
+  }
+  if (masked && mask_in.scalar_type() == at::kFloat)
+    attend<bf16, float>(qp, kp, vp, mask_in.data_ptr<float>(), out.data_ptr<bf16>(), B, H, R, D, C, ks, vs, ms, sc);
+  else
+    attend<bf16, bf16>(qp, kp, vp, masked ? mask_in.data_ptr<bf16>() : nullptr, out.data_ptr<bf16>(), B, H, R, D, C,
+                       ks, vs, ms, sc);
   return out;
 }
 

@@ -1,6 +1,6 @@
 """specbench's own CPU kernels, as torch ops: weight-only int8 and int4 products for float32 activations (AVX2 +
-FMA; int8 also for bf16 ones, and on AVX-512 VNNI; `cpu_matvec.cpp`), one-query attention (`cpu_attention.cpp`) and
-the bf16 weight kernels (`cpu_bf16.cpp`, registered by `cpu_bf16`).
+FMA; int8 also for bf16 ones, and on AVX-512 VNNI; `cpu_matvec.cpp`), one-query attention in float32 or bf16
+(`cpu_attention.cpp`) and the bf16 weight kernels (`cpu_bf16.cpp`, registered by `cpu_bf16`).
 
 torch has none that stream at memory speed on an AVX2 CPU: its int8 kernel takes bf16 activations only
 and its int4 kernel is compute-bound there, so a W8A16 / W4A16 draft of an fp32 target cost more than
@@ -182,8 +182,9 @@ def one_query_attention(
 ) -> torch.Tensor:
     """softmax(scale · q·keyᵀ + mask) · value for one query a row: q [B, H, 1, d] (H = G·r, r query heads per
     key/value head, as transformers orders them), key/value [B, G, C, d] (a view of a longer cache is read in
-    place), additive mask [B, 1, 1, C] or None; float32; d a multiple of 8, at most `MAX_HEAD_DIM`.
-    Returns [B, 1, H, d] (transformers' attention output layout)."""
+    place), additive mask [B, 1, 1, C] (float32 or q's dtype) or None; all float32 or all bf16 (summed in float32);
+    d a multiple of 8, at most `MAX_HEAD_DIM`. Returns [B, 1, H, d] in q's dtype (transformers' attention output
+    layout)."""
     return _ops("one_query_attention").one_query_attention(q, key, value, mask, scale)
 
 
