@@ -14,14 +14,16 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
-bool specbench_aten_allows_avx512();  // cpu_bf16.cpp: torch's kernel level is AVX-512 (ATEN_CPU_CAPABILITY)
+bool specbench_aten_allows_avx512();   // cpu_bf16.cpp: torch's kernel level is AVX-512 (ATEN_CPU_CAPABILITY)
+bool specbench_cpu_has_avx512_bf16();  // cpu_bf16.cpp
 
 namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 128;  // a query's 16 registers of 8 floats
-constexpr int64_t PREFETCH_COLUMNS = 16;  // how far ahead the AVX-512 form fetches key and value rows
+constexpr int64_t PREFETCH_COLUMNS = 16;  // how far ahead both forms fetch key and value rows (32 did no better)
 
 // Also in cpu_matvec.cpp: torch's JIT build decides to rebuild from the listed sources' contents only, so a shared
 // header, once edited, would leave a stale extension in place.
@@ -80,85 +82,88 @@ inline void store8(c10::BFloat16* p, __m256 v) {  // round to nearest even, as t
   for (int i = 0; i < 8; ++i) p[i] = c10::BFloat16(f[i]);
 }
 
-// The kernel over T (q, key, value, out) and M (the mask): one task per query head, the embedded pair's 9 split over
-// 2 threads 5 / 4. Pointers and strides as `one_query_attention` checked them.
+// The checked operands as the kernels read them: T for q, key, value and out, M for the mask (none: null).
 template <typename T, typename M>
-void attend(const T* qp, const T* kp, const T* vp, const M* mp, T* op, int64_t B, int64_t H, int64_t R, int64_t D,
-            int64_t C, const int64_t* k_stride, const int64_t* v_stride, int64_t m_stride, float sc) {
-  const int64_t vecs = D / 8, k_row = k_stride[2], v_row = v_stride[2];
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(C);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t b = t / H, g = (t % H) / R;
-      const T* keys = kp + b * k_stride[0] + g * k_stride[1];
-      const T* values = vp + b * v_stride[0] + g * v_stride[1];
-      const M* row_mask = mp ? mp + b * m_stride : nullptr;
-      __m256 qv[MAX_HEAD_DIM / 8];
-      for (int64_t j = 0; j < vecs; ++j) qv[j] = _mm256_mul_ps(load8(qp + t * D + 8 * j), _mm256_set1_ps(sc));
-      int64_t c = 0;
-      for (; c + 4 <= C; c += 4) {  // four columns a pass: four FMA chains, one horizontal sum for all four
-        const T* k0 = keys + c * k_row;
-        for (int64_t i = 0; i < 4; ++i)  // as in `head_avx512`
-          for (int64_t at = 0; at < D * static_cast<int64_t>(sizeof(T)); at += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(k0 + (PREFETCH_COLUMNS + i) * k_row) + at, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS + i) * v_row) + at, _MM_HINT_T1);
-          }
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t j = 0; j < vecs; ++j) {
-          a0 = _mm256_fmadd_ps(qv[j], load8(k0 + 8 * j), a0);
-          a1 = _mm256_fmadd_ps(qv[j], load8(k0 + k_row + 8 * j), a1);
-          a2 = _mm256_fmadd_ps(qv[j], load8(k0 + 2 * k_row + 8 * j), a2);
-          a3 = _mm256_fmadd_ps(qv[j], load8(k0 + 3 * k_row + 8 * j), a3);
-        }
-        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        __m128 four = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        if (row_mask) four = _mm_add_ps(four, load4(row_mask + c));
-        _mm_storeu_ps(s.data() + c, four);
+struct Operands {
+  const T *q, *key, *value;
+  const M* mask;
+  T* out;
+  int64_t H, R, D, C;
+  const int64_t *k_stride, *v_stride;
+  int64_t m_stride;
+  float scale;
+};
+
+// One query head (task t) with AVX2 + FMA, s [C] its scratch: four columns a pass, four FMA chains, one horizontal sum
+// for all four.
+template <typename T, typename M>
+void head_avx2(const Operands<T, M>& o, int64_t t, float* s) {
+  const int64_t vecs = o.D / 8, k_row = o.k_stride[2], v_row = o.v_stride[2], C = o.C;
+  const int64_t b = t / o.H, g = (t % o.H) / o.R;
+  const T* keys = o.key + b * o.k_stride[0] + g * o.k_stride[1];
+  const T* values = o.value + b * o.v_stride[0] + g * o.v_stride[1];
+  const M* row_mask = o.mask ? o.mask + b * o.m_stride : nullptr;
+  __m256 qv[MAX_HEAD_DIM / 8];
+  for (int64_t j = 0; j < vecs; ++j) qv[j] = _mm256_mul_ps(load8(o.q + t * o.D + 8 * j), _mm256_set1_ps(o.scale));
+  int64_t c = 0;
+  for (; c + 4 <= C; c += 4) {
+    const T* k0 = keys + c * k_row;
+    for (int64_t i = 0; i < 4; ++i)  // as in `head_avx512`
+      for (int64_t at = 0; at < o.D * static_cast<int64_t>(sizeof(T)); at += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(k0 + (PREFETCH_COLUMNS + i) * k_row) + at, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS + i) * v_row) + at, _MM_HINT_T1);
       }
-      for (; c < C; ++c) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t j = 0; j < vecs; ++j) a = _mm256_fmadd_ps(qv[j], load8(keys + c * k_row + 8 * j), a);
-        s[c] = horizontal_sum(a) + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
-      }
-      const float total = exponentiate(s.data(), C);
-      __m256 acc[MAX_HEAD_DIM / 8];
-      for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_setzero_ps();
-      for (c = 0; c < C; ++c) {
-        const __m256 w = _mm256_set1_ps(s[c]);
-        const T* v = values + c * v_row;
-        for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_fmadd_ps(w, load8(v + 8 * j), acc[j]);
-      }
-      const __m256 inv = _mm256_set1_ps(1.f / total);
-      for (int64_t j = 0; j < vecs; ++j) store8(op + t * D + 8 * j, _mm256_mul_ps(acc[j], inv));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < vecs; ++j) {
+      a0 = _mm256_fmadd_ps(qv[j], load8(k0 + 8 * j), a0);
+      a1 = _mm256_fmadd_ps(qv[j], load8(k0 + k_row + 8 * j), a1);
+      a2 = _mm256_fmadd_ps(qv[j], load8(k0 + 2 * k_row + 8 * j), a2);
+      a3 = _mm256_fmadd_ps(qv[j], load8(k0 + 3 * k_row + 8 * j), a3);
     }
-  });
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m128 four = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    if (row_mask) four = _mm_add_ps(four, load4(row_mask + c));
+    _mm_storeu_ps(s + c, four);
+  }
+  for (; c < C; ++c) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t j = 0; j < vecs; ++j) a = _mm256_fmadd_ps(qv[j], load8(keys + c * k_row + 8 * j), a);
+    s[c] = horizontal_sum(a) + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
+  }
+  const float total = exponentiate(s, C);
+  __m256 acc[MAX_HEAD_DIM / 8];
+  for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_setzero_ps();
+  for (c = 0; c < C; ++c) {
+    const __m256 w = _mm256_set1_ps(s[c]);
+    const T* v = values + c * v_row;
+    for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_fmadd_ps(w, load8(v + 8 * j), acc[j]);
+  }
+  const __m256 inv = _mm256_set1_ps(1.f / total);
+  for (int64_t j = 0; j < vecs; ++j) store8(o.out + t * o.D + 8 * j, _mm256_mul_ps(acc[j], inv));
 }
 
 // bf16 on AVX-512 BF16: a score is two `vdpbf16ps` over the query's and the column's bf16 pairs (exact products,
 // float32 sums), a value row 16 lanes a load; about a third of the AVX2 form's instructions a column. d a multiple of
-// 32. One query head (task t) into s [C] scratch; same tasks, same softmax as `attend`. A function of its own: the
-// target attribute does not reach into a lambda.
+// 32. Same task, same softmax as `head_avx2`.
 template <typename M>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void head_avx512(
-    int64_t t, float* s, const c10::BFloat16* qp, const c10::BFloat16* kp, const c10::BFloat16* vp, const M* mp,
-    c10::BFloat16* op, int64_t H, int64_t R, int64_t D, int64_t C, const int64_t* k_stride, const int64_t* v_stride,
-    int64_t m_stride, float sc) {
-  const int64_t pairs = D / 32, lanes = D / 16, k_row = k_stride[2], v_row = v_stride[2];
-  const int64_t b = t / H, g = (t % H) / R;
-  const c10::BFloat16* keys = kp + b * k_stride[0] + g * k_stride[1];
-  const c10::BFloat16* values = vp + b * v_stride[0] + g * v_stride[1];
-  const M* row_mask = mp ? mp + b * m_stride : nullptr;
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void head_avx512(const Operands<c10::BFloat16, M>& o,
+                                                                         int64_t t, float* s) {
+  const int64_t pairs = o.D / 32, lanes = o.D / 16, k_row = o.k_stride[2], v_row = o.v_stride[2], C = o.C;
+  const int64_t b = t / o.H, g = (t % o.H) / o.R;
+  const c10::BFloat16* keys = o.key + b * o.k_stride[0] + g * o.k_stride[1];
+  const c10::BFloat16* values = o.value + b * o.v_stride[0] + g * o.v_stride[1];
+  const M* row_mask = o.mask ? o.mask + b * o.m_stride : nullptr;
   __m512bh qv[MAX_HEAD_DIM / 32];
-  for (int64_t j = 0; j < pairs; ++j) qv[j] = (__m512bh)_mm512_loadu_si512(qp + t * D + 32 * j);
+  for (int64_t j = 0; j < pairs; ++j) qv[j] = (__m512bh)_mm512_loadu_si512(o.q + t * o.D + 32 * j);
   for (int64_t c = 0; c < C; ++c) {
     const c10::BFloat16* k = keys + c * k_row;
-    for (int64_t at = 0; at < 2 * D; at += 64) {  // the cache comes from memory, behind a layer's weights
+    for (int64_t at = 0; at < 2 * o.D; at += 64) {  // the cache comes from memory, behind a layer's weights
       _mm_prefetch(reinterpret_cast<const char*>(k + PREFETCH_COLUMNS * k_row) + at, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS) * v_row) + at, _MM_HINT_T1);
     }
     __m512 a = _mm512_setzero_ps();
     for (int64_t j = 0; j < pairs; ++j) a = _mm512_dpbf16_ps(a, qv[j], (__m512bh)_mm512_loadu_si512(k + 32 * j));
-    s[c] = _mm512_reduce_add_ps(a) * sc + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
+    s[c] = _mm512_reduce_add_ps(a) * o.scale + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
   }
   const float total = exponentiate(s, C);
   __m512 acc[MAX_HEAD_DIM / 16];
@@ -175,25 +180,40 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void head_avx512(
   alignas(64) float f[16];
   for (int64_t j = 0; j < lanes; ++j) {
     _mm512_store_ps(f, _mm512_mul_ps(acc[j], inv));
-    for (int i = 0; i < 16; ++i) op[t * D + 16 * j + i] = c10::BFloat16(f[i]);
+    for (int i = 0; i < 16; ++i) o.out[t * o.D + 16 * j + i] = c10::BFloat16(f[i]);
   }
 }
 
-template <typename M>
-void attend_avx512(const c10::BFloat16* qp, const c10::BFloat16* kp, const c10::BFloat16* vp, const M* mp,
-                   c10::BFloat16* op, int64_t B, int64_t H, int64_t R, int64_t D, int64_t C, const int64_t* k_stride,
-                   const int64_t* v_stride, int64_t m_stride, float sc) {
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(C);
-    for (int64_t t = begin; t < end; ++t)
-      head_avx512<M>(t, s.data(), qp, kp, vp, mp, op, H, R, D, C, k_stride, v_stride, m_stride, sc);
+// Every query head, one task each (the embedded pair's 9 split over 2 threads 5 / 4), in the form this CPU and
+// torch's kernel level allow: AVX-512 BF16 for bf16 with d a multiple of 32, else AVX2. The head forms are functions
+// of their own because a target attribute does not reach into a lambda.
+template <typename T, typename M>
+void attend(const Operands<T, M>& o, int64_t tasks) {
+  void (*head)(const Operands<T, M>&, int64_t, float*) = head_avx2<T, M>;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    static const bool avx512 = specbench_aten_allows_avx512() && specbench_cpu_has_avx512_bf16();
+    if (avx512 && o.D % 32 == 0) head = head_avx512<M>;
+  }
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(o.C);
+    for (int64_t t = begin; t < end; ++t) head(o, t, s.data());
   });
 }
 
-bool avx512_bf16() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512bf16") && specbench_aten_allows_avx512();
-  return yes;
+// `attend` over the tensors as `one_query_attention` checked them; the mask, if any, in float32 or T.
+template <typename T>
+void attend(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
+            at::Tensor& out, int64_t R, float scale) {
+  const auto operands = [&](const auto* m) {
+    using M = std::remove_const_t<std::remove_pointer_t<decltype(m)>>;
+    return Operands<T, M>{q.data_ptr<T>(), key.data_ptr<T>(), value.data_ptr<T>(), m, out.data_ptr<T>(), q.size(1),
+                          R, q.size(3), key.size(2), key.strides().data(), value.strides().data(),
+                          m ? mask.stride(0) : 0, scale};
+  };
+  if (mask.defined() && mask.scalar_type() == at::kFloat)
+    attend(operands(mask.const_data_ptr<float>()), q.size(0) * q.size(1));
+  else
+    attend(operands(mask.defined() ? mask.const_data_ptr<T>() : nullptr), q.size(0) * q.size(1));
 }
 
 // out[b, h] = softmax_c(scale * q[b, h] . key[b, h / r, c] + mask[b, c]) @ value[b, h / r, c]
@@ -233,31 +253,10 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& key, const
   const at::Tensor values_in = value.stride(3) == 1 ? value : value.contiguous();
   const at::Tensor mask_in = !masked ? at::Tensor() : mask->stride(3) == 1 ? *mask : mask->contiguous();
   at::Tensor out = at::empty({B, 1, H, D}, q.options());
-  const int64_t* ks = keys_in.strides().data();
-  const int64_t* vs = values_in.strides().data();
-  const int64_t ms = masked ? mask_in.stride(0) : 0;
-  const float sc = static_cast<float>(scale);
-  if (dtype == at::kFloat) {
-    attend<float, float>(qc.data_ptr<float>(), keys_in.data_ptr<float>(), values_in.data_ptr<float>(),
-                         masked ? mask_in.data_ptr<float>() : nullptr, out.data_ptr<float>(), B, H, R, D, C, ks, vs, ms,
-                         sc);
-    return out;
-  }
-  using bf16 = c10::BFloat16;
-  const bf16 *qp = qc.data_ptr<bf16>(), *kp = keys_in.data_ptr<bf16>(), *vp = values_in.data_ptr<bf16>();
-  if (avx512_bf16() && D % 32 == 0) {
-    if (masked && mask_in.scalar_type() == at::kFloat)
-      attend_avx512<float>(qp, kp, vp, mask_in.data_ptr<float>(), out.data_ptr<bf16>(), B, H, R, D, C, ks, vs, ms, sc);
-    else
-      attend_avx512<bf16>(qp, kp, vp, masked ? mask_in.data_ptr<bf16>() : nullptr, out.data_ptr<bf16>(), B, H, R, D, C,
-                          ks, vs, ms, sc);
-    return out;
-  }
-  if (masked && mask_in.scalar_type() == at::kFloat)
-    attend<bf16, float>(qp, kp, vp, mask_in.data_ptr<float>(), out.data_ptr<bf16>(), B, H, R, D, C, ks, vs, ms, sc);
+  if (dtype == at::kFloat)
+    attend<float>(qc, keys_in, values_in, mask_in, out, R, static_cast<float>(scale));
   else
-    attend<bf16, bf16>(qp, kp, vp, masked ? mask_in.data_ptr<bf16>() : nullptr, out.data_ptr<bf16>(), B, H, R, D, C,
-                       ks, vs, ms, sc);
+    attend<c10::BFloat16>(qc, keys_in, values_in, mask_in, out, R, static_cast<float>(scale));
   return out;
 }
 

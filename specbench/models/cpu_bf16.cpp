@@ -31,28 +31,30 @@ bool specbench_aten_allows_avx512() {
   return allowed;
 }
 
+// Whether the CPU has AVX-512 BF16 (and the F/BW it builds on); cpu_attention.cpp's bf16 form asks too.
+bool specbench_cpu_has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
 namespace {
 
 constexpr int64_t MAX_ROWS = 8;  // activation rows per pass over the weights; more rows make more passes
 constexpr int64_t GRAIN = 16;    // output features per thread at least (a tiny layer runs on one thread)
 enum Isa : int64_t { AUTO = 0, AVX2 = 1, AVX512_BF16 = 2 };
 
-bool cpu_has_avx512_bf16() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512bf16");
-  return has;
-}
 
 // AUTO follows torch's kernel level: ATEN_CPU_CAPABILITY=avx2 (or default) forces the AVX2 path, as it does torch's.
 Isa resolve(int64_t isa) {
   TORCH_CHECK(isa >= AUTO && isa <= AVX512_BF16, "specbench bf16 kernels: isa ", isa,
               " is not one of 0 (auto), 1 (avx2), 2 (avx512_bf16)");
   if (isa == AVX512_BF16) {
-    TORCH_CHECK(cpu_has_avx512_bf16(), "specbench bf16 kernels: isa 2 (avx512_bf16) asked on a CPU without it");
+    TORCH_CHECK(specbench_cpu_has_avx512_bf16(), "specbench bf16 kernels: isa 2 (avx512_bf16) asked on a CPU without it");
     return AVX512_BF16;
   }
   if (isa == AVX2) return AVX2;
-  return specbench_aten_allows_avx512() && cpu_has_avx512_bf16() ? AVX512_BF16 : AVX2;
+  return specbench_aten_allows_avx512() && specbench_cpu_has_avx512_bf16() ? AVX512_BF16 : AVX2;
 }
 
 inline float hsum256(__m256 v) {
