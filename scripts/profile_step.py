@@ -76,7 +76,8 @@ def main() -> None:
         return (time.perf_counter() - start) / n
 
     times = sorted(steps(args.steps // 4) for _ in range(5))
-    print(f"{hardware_label('cpu')}, {args.threads} thread(s), {args.model} ({args.draft}), k = {args.k}")
+    label = args.draft if args.model == "draft" else args.dtype
+    print(f"{hardware_label('cpu')}, {args.threads} thread(s), {args.model} ({label}), k = {args.k}")
     print(f"step: median {times[2] * 1e3:.2f} ms (range {times[0] * 1e3:.2f}-{times[-1] * 1e3:.2f}, 5 blocks)")
     lm.prefill([list(range(100, 100 + args.prompt_tokens))])
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:

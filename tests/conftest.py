@@ -34,8 +34,11 @@ def eager_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "specbench", *args, EAGER]
 
 
-def tiny_llama(seed: int, layers: int = 2, vocab: int = VOCAB, dtype=torch.float64) -> LlamaForCausalLM:
-    """A random Llama small enough for exhaustive checks; a large init std makes p peaky."""
+def tiny_llama(
+    seed: int, layers: int = 2, vocab: int = VOCAB, dtype=torch.float64, head_dim: int = 8
+) -> LlamaForCausalLM:
+    """A random Llama small enough for exhaustive checks; a large init std makes p peaky. 4 query heads over 2
+    key/value heads of `head_dim` (32 or more reaches the bf16 attention forms' kernels)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab,
@@ -44,6 +47,7 @@ def tiny_llama(seed: int, layers: int = 2, vocab: int = VOCAB, dtype=torch.float
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim,
         max_position_embeddings=256,
         initializer_range=0.3,
         bos_token_id=None,

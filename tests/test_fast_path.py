@@ -343,17 +343,18 @@ def test_two_static_lms_of_one_model_keep_their_own_caches(target, prompts):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("k", [1, 5])
+@pytest.mark.parametrize("k", [1, 5, 17])
 def test_grouped_attention_equals_transformers_eager_attention(k, dtype):
     """The grouped form (query heads of a group as rows against their one key/value head) gives eager
-    attention's output and weights, GQA and an additive mask included. At one query in float32 on CPU it
-    is specbench's kernel where that is built (`cpu_matvec.one_query_attention`), which returns no weights."""
+    attention's output and weights, GQA and an additive mask included. Up to `MAX_QUERY_ROWS` query rows in
+    float32 on CPU it is specbench's kernel where that is built (`cpu_matvec.cache_attention`), which returns no
+    weights; past them (a prefill), the grouped GEMM."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     from specbench.decoding.attention import grouped_attention
     from specbench.models import cpu_matvec
 
-    kernel = k == 1 and dtype == torch.float32 and cpu_matvec.available()
+    kernel = k <= cpu_matvec.MAX_QUERY_ROWS and dtype == torch.float32 and cpu_matvec.available()
     g = torch.Generator().manual_seed(0)
     module = torch.nn.Module().eval()
     module.num_key_value_groups = 3

@@ -5,10 +5,11 @@ key/value head once per query head of its group (`repeat_kv`); over a preallocat
 the whole cache, every layer, every forward, and under `torch.compile` the scores matmul then packed
 those copies into a GEMM template's layout as well (two thirds of a compiled verify step in the
 profile). Here the query heads of a group become extra rows against their one key/value head: the
-same scores, nothing copied (analysis/fast_path_one_copy_cpu_amx/). At one query a row (a draft step,
-a plain decode step) that form's GEMM of r rows is slower than eager's broadcast, so one query takes
-eager's form, which inductor fuses into two small reductions; on CPU in float32 or bf16,
-specbench's AVX2 kernel for it (`cpu_matvec.one_query_attention`) where the kernels are loaded.
+same scores, nothing copied (analysis/fast_path_one_copy_cpu_amx/). On CPU in float32 or bf16, where
+specbench's kernels are loaded, a decode step or a verify (up to `cpu_matvec.MAX_QUERY_ROWS` query rows)
+runs specbench's kernel for it (`cpu_matvec.cache_attention`); otherwise one query a row (a draft step,
+a plain decode step) takes eager's form, which inductor fuses into two small reductions (that form's GEMM
+of r rows is slower there), and more rows the grouped GEMM.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def grouped_attention(
     b, h, k, d = query.shape
     g, c = key.shape[1], key.shape[2]
     r = h // g  # query heads per key/value head: transformers orders them head = kv_head · r + i
+    if cache_kernel(query, key, value, attention_mask, dropout if module.training else 0.0):
+        # no weights, as transformers' SDPA form returns none
+        return cpu_matvec.cache_attention(query, key, value, attention_mask, scaling), None  # [B, k, H, d]
     if k == 1:
-        if one_query_kernel(query, key, value, attention_mask, dropout if module.training else 0.0):
-            # no weights, as transformers' SDPA form returns none
-            return cpu_matvec.one_query_attention(query, key, value, attention_mask, scaling), None  # [B, 1, H, d]
         return _one_query(module, query.view(b, g, r, d), key, value, attention_mask, scaling, dropout)
     # With C a symbol of the compiled graph (`symbolic_columns`), bmm is ATen's, whose bf16 form is several
     # times slower than fp32 at these sizes (profiled on the AMX Xeon): so fp32, the dtype a matmul
@@ -104,21 +105,24 @@ def _one_query(
     return out.view(b, 1, g * r, d), weights.view(b, g * r, 1, c)
 
 
-def one_query_kernel(
+def cache_kernel(
     q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, dropout: float
 ) -> bool:
-    """Whether `cpu_matvec.one_query_attention` runs a one-query attention (q [B, H, 1, d]): float32 or bf16 on CPU,
-    a head dim it takes, one mask for all heads, no dropout, and specbench's kernels loaded (`StaticLM` loads
-    them before it compiles: this check must not build them inside a traced forward). The kernel beats
-    inductor's fused form, most on long contexts: in float32 (analysis/fast_path_one_query_attention_cpu_amx_avx2/)
-    and in bf16 (analysis/fast_path_one_query_attention_bf16_cpu_amx/)."""
+    """Whether `cpu_matvec.cache_attention` runs this attention (q [B, H, k, d]): float32 or bf16 on CPU, at most
+    `cpu_matvec.MAX_QUERY_ROWS` query rows (a decode step or a verify, not a prefill), a head dim it takes, one mask
+    for all heads, no dropout, and specbench's kernels loaded (`StaticLM` loads them before it compiles: this check
+    must not build them inside a traced forward). At one row the kernel beats inductor's fused form, most on long
+    contexts: in float32 (analysis/fast_path_one_query_attention_cpu_amx_avx2/) and in bf16
+    (analysis/fast_path_one_query_attention_bf16_cpu_amx/); at a verify's rows it replaces the bmm + softmax
+    (analysis/fast_path_verify_attention_cpu_amx/)."""
     return (
         q.device.type == "cpu"
         and q.dtype == key.dtype == value.dtype
         and q.dtype in (torch.float32, torch.bfloat16)
+        and q.shape[2] <= cpu_matvec.MAX_QUERY_ROWS
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= cpu_matvec.MAX_HEAD_DIM
-        and (mask is None or (mask.dtype in (torch.float32, q.dtype) and mask.shape[1] == 1))
+        and (mask is None or (mask.dtype in (torch.float32, q.dtype) and mask.shape[:3] == (q.shape[0], 1, q.shape[2])))
         and dropout == 0.0
         and cpu_matvec.loaded()
     )

@@ -101,7 +101,7 @@ class StaticLM:
             self.model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
             self.model.set_attn_implementation(GROUPED)
             if model.device.type == "cpu" and model.dtype == torch.float32:
-                cpu_matvec.available()  # built and loaded before a compile asks `attention.one_query_kernel`
+                cpu_matvec.available()  # built and loaded before a compile asks `attention.cache_kernel`
         self.additive_mask = self.model.config._attn_implementation in ADDITIVE_MASKS
         self.cache_keyword = cache_keyword(type(self.model))
         self.device = model.device

@@ -1,14 +1,18 @@
-// One query a row against a KV cache, float32 or bf16 (read as float32, summed in float32), AVX2 + FMA, and for bf16
-// an AVX-512 BF16 form: the attention of a CPU decode step (a draft step, a plain decode step). Compiled, inductor's
-// fused reduction for it took ~48 us a layer at 320 cached columns in float32 (2 threads, the embedded pair's 3 kv
-// heads x 3 queries x 64) and ~40 in bf16 (analysis/fast_path_one_query_attention_bf16_cpu_amx/); this one keeps a
-// query in registers and runs a polynomial exp. Built into the same extension as `cpu_matvec.cpp`
-// (`specbench.models.cpu_matvec.available`).
+// A few query rows a sequence against a KV cache, float32 or bf16 (read as float32, summed in float32): the attention of
+// a CPU decode step (one row: a draft step, a plain decode step) and of a verify (γ + 1 rows). This file checks the
+// operands, picks a form (`resolve`), splits the rows into slices of a key/value head's and runs the AVX2 + FMA form;
+// the bf16 forms, AVX-512 BF16 and AMX, are `cpu_attention_bf16.cpp`'s. Compiled, inductor's fused reduction for one
+// row took ~48 us a layer at 320 cached columns in float32 (2 threads, the embedded pair's 3 kv heads x 3 queries x
+// 64) and ~40 in bf16 (analysis/fast_path_one_query_attention_bf16_cpu_amx/), and a verify's bmm + softmax 2.6 ms of
+// a 5-row target step, 1.4 on AMX here (analysis/fast_path_verify_attention_cpu_amx/). Built into the same extension
+// as `cpu_matvec.cpp` (`specbench.models.cpu_matvec.available`).
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include <ATen/cpu/Utils.h>
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -19,11 +23,47 @@
 
 bool specbench_aten_allows_avx512();   // cpu_bf16.cpp: torch's kernel level is AVX-512 (ATEN_CPU_CAPABILITY)
 bool specbench_cpu_has_avx512_bf16();  // cpu_bf16.cpp
+void specbench_attention_bf16(int64_t n, const c10::BFloat16* const* q, const void* const* mask, bool mask_float,
+                              c10::BFloat16* const* out, const c10::BFloat16* keys, int64_t k_row,
+                              const c10::BFloat16* values, int64_t v_row, int64_t C, int64_t D, float scale, bool amx,
+                              float* s);  // cpu_attention_bf16.cpp
 
 namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 128;  // a query's 16 registers of 8 floats
+constexpr int64_t MAX_QUERY_ROWS = 16;  // past this (a prefill) a GEMM's reuse wins: callers take bmm
+constexpr int64_t MAX_SLICE = 16;  // query rows a task at most: an AMX tile's
 constexpr int64_t PREFETCH_COLUMNS = 16;  // how far ahead both forms fetch key and value rows (32 did no better)
+enum Isa : int64_t { AUTO = 0, AVX2 = 1, AVX512_BF16 = 2, AMX_BF16 = 3 };  // the op's `isa` argument
+
+// Whether this CPU has AMX BF16 (cpuid 7.0 EDX bits 22, 24) and Linux lets this process use the tile state
+// (`at::cpu::init_amx` asks, once).
+bool amx_bf16() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) && at::cpu::init_amx();
+  }();
+  return ok;
+}
+
+// The form an `isa` runs: AUTO takes the best this CPU and torch's kernel level (ATEN_CPU_CAPABILITY) allow for the
+// operands, AMX over AVX-512 BF16 over AVX2; the bf16 forms take bf16 with d a multiple of 32.
+Isa resolve(int64_t isa, bool bf16, int64_t D) {
+  TORCH_CHECK(isa >= AUTO && isa <= AMX_BF16, "specbench::cache_attention: isa ", isa,
+              " is not one of 0 (auto), 1 (avx2), 2 (avx512_bf16), 3 (amx_bf16)");
+  const bool wide = bf16 && D % 32 == 0;
+  if (isa == AUTO) {
+    if (!wide || !specbench_aten_allows_avx512() || !specbench_cpu_has_avx512_bf16()) return AVX2;
+    return amx_bf16() ? AMX_BF16 : AVX512_BF16;
+  }
+  if (isa != AVX2) {
+    TORCH_CHECK(wide, "specbench::cache_attention: isa ", isa, " takes bf16 with a head dim a multiple of 32");
+    TORCH_CHECK(specbench_cpu_has_avx512_bf16() && (isa == AVX512_BF16 || amx_bf16()), "specbench::cache_attention: isa ",
+                isa, " asked on a CPU without it");
+  }
+  return static_cast<Isa>(isa);
+}
+
 
 // Also in cpu_matvec.cpp: torch's JIT build decides to rebuild from the listed sources' contents only, so a shared
 // header, once edited, would leave a stale extension in place.
@@ -51,11 +91,19 @@ inline __m256 exp_nonpositive(__m256 x) {
 
 // s[c] = e^(s[c] - max s) in place; returns their sum (a softmax's denominator).
 inline float exponentiate(float* s, int64_t C) {
-  const float top = *std::max_element(s, s + C);
+  __m256 top4[4] = {_mm256_set1_ps(s[0]), top4[0], top4[0], top4[0]};  // four chains: a max takes 4 cycles
+  int64_t c = 0;
+  for (; c + 32 <= C; c += 32)
+    for (int i = 0; i < 4; ++i) top4[i] = _mm256_max_ps(top4[i], _mm256_loadu_ps(s + c + 8 * i));
+  for (; c + 8 <= C; c += 8) top4[0] = _mm256_max_ps(top4[0], _mm256_loadu_ps(s + c));
+  const __m256 m8 = _mm256_max_ps(_mm256_max_ps(top4[0], top4[1]), _mm256_max_ps(top4[2], top4[3]));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  float top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  for (; c < C; ++c) top = std::max(top, s[c]);
   const __m256 top8 = _mm256_set1_ps(top);
   __m256 total8 = _mm256_setzero_ps();
-  int64_t c = 0;
-  for (; c + 8 <= C; c += 8) {
+  for (c = 0; c + 8 <= C; c += 8) {
     const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + c), top8));
     _mm256_storeu_ps(s + c, e);
     total8 = _mm256_add_ps(total8, e);
@@ -82,33 +130,48 @@ inline void store8(c10::BFloat16* p, __m256 v) {  // round to nearest even, as t
   for (int i = 0; i < 8; ++i) p[i] = c10::BFloat16(f[i]);
 }
 
+// One query row's pointers: its query [D], its head's keys and values (rows k_row / v_row apart), its mask row [C]
+// (none: null), its output [D].
+template <typename T, typename M>
+struct Row {
+  const T *q, *keys, *values;
+  const M* mask;
+  T* out;
+};
+
 // The checked operands as the kernels read them: T for q, key, value and out, M for the mask (none: null).
 template <typename T, typename M>
 struct Operands {
   const T *q, *key, *value;
   const M* mask;
   T* out;
-  int64_t H, R, D, C;
+  int64_t G, R, K, D, C;  // key/value heads, query heads a key/value head, query rows, head dim, columns
   const int64_t *k_stride, *v_stride;
-  int64_t m_stride;
+  int64_t m_stride, m_row_stride;
   float scale;
+
+  // Row j (of R·K, j = r·K + i) of key/value head g of sequence b: query row i of head g·R + r. q is contiguous
+  // [B, H, K, D], so a group's rows are neighbours in it; out is [B, K, H, D].
+  Row<T, M> row(int64_t b, int64_t g, int64_t j) const {
+    const int64_t i = j % K, h = g * R + j / K;
+    return {q + ((b * G + g) * R * K + j) * D, key + b * k_stride[0] + g * k_stride[1],
+            value + b * v_stride[0] + g * v_stride[1], mask ? mask + b * m_stride + i * m_row_stride : nullptr,
+            out + ((b * K + i) * G * R + h) * D};
+  }
 };
 
-// One query head (task t) with AVX2 + FMA, s [C] its scratch: four columns a pass, four FMA chains, one horizontal sum
-// for all four.
+// One query row with AVX2 + FMA, s [C] its scratch: four columns a pass, four FMA chains, one horizontal sum for all
+// four.
 template <typename T, typename M>
-void head_avx2(const Operands<T, M>& o, int64_t t, float* s) {
+void row_avx2(const Operands<T, M>& o, const Row<T, M>& row, float* s) {
   const int64_t vecs = o.D / 8, k_row = o.k_stride[2], v_row = o.v_stride[2], C = o.C;
-  const int64_t b = t / o.H, g = (t % o.H) / o.R;
-  const T* keys = o.key + b * o.k_stride[0] + g * o.k_stride[1];
-  const T* values = o.value + b * o.v_stride[0] + g * o.v_stride[1];
-  const M* row_mask = o.mask ? o.mask + b * o.m_stride : nullptr;
+  const auto [query, keys, values, row_mask, out] = row;
   __m256 qv[MAX_HEAD_DIM / 8];
-  for (int64_t j = 0; j < vecs; ++j) qv[j] = _mm256_mul_ps(load8(o.q + t * o.D + 8 * j), _mm256_set1_ps(o.scale));
+  for (int64_t j = 0; j < vecs; ++j) qv[j] = _mm256_mul_ps(load8(query + 8 * j), _mm256_set1_ps(o.scale));
   int64_t c = 0;
   for (; c + 4 <= C; c += 4) {
     const T* k0 = keys + c * k_row;
-    for (int64_t i = 0; i < 4; ++i)  // as in `head_avx512`
+    for (int64_t i = 0; i < 4; ++i)  // the cache comes from memory, behind a layer's weights (32 did no better)
       for (int64_t at = 0; at < o.D * static_cast<int64_t>(sizeof(T)); at += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(k0 + (PREFETCH_COLUMNS + i) * k_row) + at, _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS + i) * v_row) + at, _MM_HINT_T1);
@@ -139,134 +202,132 @@ void head_avx2(const Operands<T, M>& o, int64_t t, float* s) {
     for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_fmadd_ps(w, load8(v + 8 * j), acc[j]);
   }
   const __m256 inv = _mm256_set1_ps(1.f / total);
-  for (int64_t j = 0; j < vecs; ++j) store8(o.out + t * o.D + 8 * j, _mm256_mul_ps(acc[j], inv));
+  for (int64_t j = 0; j < vecs; ++j) store8(out + 8 * j, _mm256_mul_ps(acc[j], inv));
 }
 
-// bf16 on AVX-512 BF16: a score is two `vdpbf16ps` over the query's and the column's bf16 pairs (exact products,
-// float32 sums), a value row 16 lanes a load; about a third of the AVX2 form's instructions a column. d a multiple of
-// 32. Same task, same softmax as `head_avx2`.
-template <typename M>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void head_avx512(const Operands<c10::BFloat16, M>& o,
-                                                                         int64_t t, float* s) {
-  const int64_t pairs = o.D / 32, lanes = o.D / 16, k_row = o.k_stride[2], v_row = o.v_stride[2], C = o.C;
-  const int64_t b = t / o.H, g = (t % o.H) / o.R;
-  const c10::BFloat16* keys = o.key + b * o.k_stride[0] + g * o.k_stride[1];
-  const c10::BFloat16* values = o.value + b * o.v_stride[0] + g * o.v_stride[1];
-  const M* row_mask = o.mask ? o.mask + b * o.m_stride : nullptr;
-  __m512bh qv[MAX_HEAD_DIM / 32];
-  for (int64_t j = 0; j < pairs; ++j) qv[j] = (__m512bh)_mm512_loadu_si512(o.q + t * o.D + 32 * j);
-  for (int64_t c = 0; c < C; ++c) {
-    const c10::BFloat16* k = keys + c * k_row;
-    for (int64_t at = 0; at < 2 * o.D; at += 64) {  // the cache comes from memory, behind a layer's weights
-      _mm_prefetch(reinterpret_cast<const char*>(k + PREFETCH_COLUMNS * k_row) + at, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS) * v_row) + at, _MM_HINT_T1);
-    }
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t j = 0; j < pairs; ++j) a = _mm512_dpbf16_ps(a, qv[j], (__m512bh)_mm512_loadu_si512(k + 32 * j));
-    s[c] = _mm512_reduce_add_ps(a) * o.scale + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
-  }
-  const float total = exponentiate(s, C);
-  __m512 acc[MAX_HEAD_DIM / 16];
-  for (int64_t j = 0; j < lanes; ++j) acc[j] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < C; ++c) {
-    const __m512 w = _mm512_set1_ps(s[c]);
-    const c10::BFloat16* v = values + c * v_row;
-    for (int64_t j = 0; j < lanes; ++j) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * j));
-      acc[j] = _mm512_fmadd_ps(w, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)), acc[j]);
-    }
-  }
-  const __m512 inv = _mm512_set1_ps(1.f / total);
-  alignas(64) float f[16];
-  for (int64_t j = 0; j < lanes; ++j) {
-    _mm512_store_ps(f, _mm512_mul_ps(acc[j], inv));
-    for (int i = 0; i < 16; ++i) o.out[t * o.D + 16 * j + i] = c10::BFloat16(f[i]);
-  }
-}
-
-// Every query head, one task each (the embedded pair's 9 split over 2 threads 5 / 4), in the form this CPU and
-// torch's kernel level allow: AVX-512 BF16 for bf16 with d a multiple of 32, else AVX2. The head forms are functions
-// of their own because a target attribute does not reach into a lambda.
+// AVX2 rows [j0, j1) of key/value head g of sequence b, one after another (a group's keys and values in cache after
+// its first row), s [C] scratch.
 template <typename T, typename M>
-void attend(const Operands<T, M>& o, int64_t tasks) {
-  void (*head)(const Operands<T, M>&, int64_t, float*) = head_avx2<T, M>;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    static const bool avx512 = specbench_aten_allows_avx512() && specbench_cpu_has_avx512_bf16();
-    if (avx512 && o.D % 32 == 0) head = head_avx512<M>;
+void rows_avx2(const Operands<T, M>& o, int64_t b, int64_t g, int64_t j0, int64_t j1, float* s) {
+  for (int64_t j = j0; j < j1; ++j) row_avx2(o, o.row(b, g, j), s);
+}
+
+// bf16 rows [j0, j1) of key/value head g of sequence b, together, on AVX-512 BF16 or AMX (`cpu_attention_bf16.cpp`).
+template <typename M, bool AMX>
+void rows_bf16(const Operands<c10::BFloat16, M>& o, int64_t b, int64_t g, int64_t j0, int64_t j1, float* s) {
+  const c10::BFloat16* q[MAX_SLICE];
+  const void* mask[MAX_SLICE];
+  c10::BFloat16* out[MAX_SLICE];
+  for (int64_t r = 0; r < j1 - j0; ++r) {
+    const Row<c10::BFloat16, M> row = o.row(b, g, j0 + r);
+    q[r] = row.q, mask[r] = row.mask, out[r] = row.out;
   }
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(o.C);
-    for (int64_t t = begin; t < end; ++t) head(o, t, s.data());
+  const Row<c10::BFloat16, M> first = o.row(b, g, j0);
+  specbench_attention_bf16(j1 - j0, q, mask, std::is_same_v<M, float>, out, first.keys, o.k_stride[2], first.values,
+                           o.v_stride[2], o.C, o.D, o.scale, AMX, s);
+}
+
+// Every query row, in slices of a key/value head's R·K rows: enough slices a head that every thread has work (the
+// embedded pair's 3 heads over 2 threads: two slices a head, 5 / 4 rows a thread at one row, 23 / 22 at five), at most
+// 16 rows a slice (an AMX tile's), the rows of a slice one thread's. The forms are functions of their own because a
+// target attribute does not reach into a lambda.
+template <typename T, typename M>
+void attend(const Operands<T, M>& o, int64_t B, Isa isa) {
+  using Slice = void (*)(const Operands<T, M>&, int64_t, int64_t, int64_t, int64_t, float*);
+  Slice rows = rows_avx2<T, M>;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (isa == AVX512_BF16) rows = rows_bf16<M, false>;
+    if (isa == AMX_BF16) rows = rows_bf16<M, true>;
+  }
+  const int64_t heads = B * o.G, n = o.R * o.K;
+  const int64_t whole = (n + MAX_SLICE - 1) / MAX_SLICE;
+  // AMX scores and pairs values for 16 rows at the cost of one: a head is one task there, split no further
+  const int64_t slices =
+      isa == AMX_BF16 ? whole : std::min(n, std::max((2 * at::get_num_threads() + heads - 1) / heads, whole));
+  const int64_t most = (n + slices - 1) / slices;
+  at::parallel_for(0, heads * slices, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(most * (o.C + 1));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t head = t / slices, part = t % slices;
+      rows(o, head / o.G, head % o.G, part * n / slices, (part + 1) * n / slices, s.data());
+    }
   });
 }
 
-// `attend` over the tensors as `one_query_attention` checked them; the mask, if any, in float32 or T.
+// `attend` over the tensors as `cache_attention` checked them; the mask, if any, in float32 or T.
 template <typename T>
 void attend(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
-            at::Tensor& out, int64_t R, float scale) {
+            at::Tensor& out, int64_t R, float scale, Isa isa) {
   const auto operands = [&](const auto* m) {
     using M = std::remove_const_t<std::remove_pointer_t<decltype(m)>>;
-    return Operands<T, M>{q.data_ptr<T>(), key.data_ptr<T>(), value.data_ptr<T>(), m, out.data_ptr<T>(), q.size(1),
-                          R, q.size(3), key.size(2), key.strides().data(), value.strides().data(),
-                          m ? mask.stride(0) : 0, scale};
+    return Operands<T, M>{q.data_ptr<T>(), key.data_ptr<T>(), value.data_ptr<T>(), m, out.data_ptr<T>(), key.size(1),
+                          R, q.size(2), q.size(3), key.size(2), key.strides().data(), value.strides().data(),
+                          m ? mask.stride(0) : 0, m ? mask.stride(2) : 0, scale};
   };
   if (mask.defined() && mask.scalar_type() == at::kFloat)
-    attend(operands(mask.const_data_ptr<float>()), q.size(0) * q.size(1));
+    attend(operands(mask.const_data_ptr<float>()), q.size(0), isa);
   else
-    attend(operands(mask.defined() ? mask.const_data_ptr<T>() : nullptr), q.size(0) * q.size(1));
+    attend(operands(mask.defined() ? mask.const_data_ptr<T>() : nullptr), q.size(0), isa);
 }
 
-// out[b, h] = softmax_c(scale * q[b, h] . key[b, h / r, c] + mask[b, c]) @ value[b, h / r, c]
-// q [B, H, 1, d] (H = G r: r query heads per key/value head, as transformers orders them); key, value [B, G, C, d]
-// (views of a longer cache are read in place), all float32 or all bf16; mask [B, 1, 1, C] additive (any finite value,
-// the dtype's min where masked), float32 or q's dtype, or none. Returns [B, 1, H, d] in q's dtype. q and the mask come
-// as transformers has them, not as views of them: inductor could not re-lay-out such a view with the column count a
-// symbol of the graph.
-at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
-                               const std::optional<at::Tensor>& mask, double scale) {
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && key.dim() == 4 && value.dim() == 4,
-              "specbench::one_query_attention: q, key and value must be [B, H, 1, d] and [B, G, C, d], got ", q.sizes(),
+// out[b, i, h] = softmax_c(scale * q[b, h, i] . key[b, h / r, c] + mask[b, 0, i, c]) @ value[b, h / r, c]
+// q [B, H, k, d], k <= MAX_QUERY_ROWS (H = G r: r query heads per key/value head, as transformers orders them); key,
+// value [B, G, C, d] (views of a longer cache are read in place), all float32 or all bf16; mask [B, 1, k, C] additive
+// (any finite value, the dtype's min where masked: a verify's causal rows are its to give), float32 or q's dtype, or
+// none. Returns [B, k, H, d] in q's dtype. q and the mask come as transformers has them, not as views of them:
+// inductor could not re-lay-out such a view with the column count a symbol of the graph.
+at::Tensor cache_attention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
+                           const std::optional<at::Tensor>& mask, double scale, int64_t isa) {
+  TORCH_CHECK(q.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "specbench::cache_attention: q, key and value must be [B, H, k, d] and [B, G, C, d], got ", q.sizes(),
               ", ", key.sizes(), ", ", value.sizes());
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), G = key.size(1), C = key.size(2);
-  TORCH_CHECK(G >= 1 && H % G == 0, "specbench::one_query_attention: ", H, " query heads do not group over ", G,
+  const int64_t B = q.size(0), H = q.size(1), K = q.size(2), D = q.size(3), G = key.size(1), C = key.size(2);
+  TORCH_CHECK(K >= 1 && K <= MAX_QUERY_ROWS, "specbench::cache_attention: ", K, " query rows: 1 to ", MAX_QUERY_ROWS,
+              " are allowed");
+  TORCH_CHECK(G >= 1 && H % G == 0, "specbench::cache_attention: ", H, " query heads do not group over ", G,
               " key/value heads");
   const int64_t R = H / G;
-  TORCH_CHECK(D % 8 == 0 && D <= MAX_HEAD_DIM, "specbench::one_query_attention: head dim ", D,
+  TORCH_CHECK(D % 8 == 0 && D <= MAX_HEAD_DIM, "specbench::cache_attention: head dim ", D,
               ": a multiple of 8 up to ", MAX_HEAD_DIM, " is required");
   TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == B && key.size(3) == D && C >= 1,
-              "specbench::one_query_attention: key ", key.sizes(), " and value ", value.sizes(), " do not fit q ", q.sizes());
+              "specbench::cache_attention: key ", key.sizes(), " and value ", value.sizes(), " do not fit q ", q.sizes());
   const auto dtype = q.scalar_type();
   TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && key.scalar_type() == dtype &&
                   value.scalar_type() == dtype,
-              "specbench::one_query_attention: q, key and value must all be float32 or all bfloat16, got ", dtype, ", ",
+              "specbench::cache_attention: q, key and value must all be float32 or all bfloat16, got ", dtype, ", ",
               key.scalar_type(), ", ", value.scalar_type());
   const bool masked = mask.has_value() && mask->defined();
   if (masked)
     TORCH_CHECK((mask->scalar_type() == at::kFloat || mask->scalar_type() == dtype) && mask->dim() == 4 &&
-                    mask->size(0) == B && mask->size(1) == 1 && mask->size(2) == 1 && mask->size(3) == C,
-                "specbench::one_query_attention: mask must be float32 or q's dtype, [B, 1, 1, C], got ", mask->sizes(),
-                " ", mask->scalar_type());
+                    mask->size(0) == B && mask->size(1) == 1 && mask->size(2) == K && mask->size(3) == C,
+                "specbench::cache_attention: mask must be float32 or q's dtype, [B, 1, k, C], got ", mask->sizes(), " ",
+                mask->scalar_type());
   // Any layout is read (the op is `flexible_layout`: inductor passes the cache's views as they are); only a last
   // dim that is not contiguous is copied.
   const at::Tensor qc = q.contiguous();
   const at::Tensor keys_in = key.stride(3) == 1 ? key : key.contiguous();
   const at::Tensor values_in = value.stride(3) == 1 ? value : value.contiguous();
   const at::Tensor mask_in = !masked ? at::Tensor() : mask->stride(3) == 1 ? *mask : mask->contiguous();
-  at::Tensor out = at::empty({B, 1, H, D}, q.options());
+  const Isa form = resolve(isa, dtype == at::kBFloat16, D);
+  at::Tensor out = at::empty({B, K, H, D}, q.options());
   if (dtype == at::kFloat)
-    attend<float>(qc, keys_in, values_in, mask_in, out, R, static_cast<float>(scale));
+    attend<float>(qc, keys_in, values_in, mask_in, out, R, static_cast<float>(scale), form);
   else
-    attend<c10::BFloat16>(qc, keys_in, values_in, mask_in, out, R, static_cast<float>(scale));
+    attend<c10::BFloat16>(qc, keys_in, values_in, mask_in, out, R, static_cast<float>(scale), form);
   return out;
 }
+
+// The form `cache_attention` runs for `isa` on these operands (an error where it cannot).
+int64_t cache_attention_isa(int64_t isa, bool bf16, int64_t head_dim) { return resolve(isa, bf16, head_dim); }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   // flexible_layout: inductor's default for a custom op pins its inputs' strides, which it cannot do for a cache view
   // whose column count is a symbol of the graph (`static_kv`); this kernel reads any strides.
-  m.def("one_query_attention(Tensor q, Tensor key, Tensor value, Tensor? mask, float scale) -> Tensor",
+  m.def("cache_attention(Tensor q, Tensor key, Tensor value, Tensor? mask, float scale, int isa=0) -> Tensor",
         {at::Tag::flexible_layout});
+  m.def("cache_attention_isa(int isa, bool bf16, int head_dim) -> int", &cache_attention_isa);
 }
 
-TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("one_query_attention", &one_query_attention); }
+TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("cache_attention", &cache_attention); }

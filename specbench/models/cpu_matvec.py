@@ -28,13 +28,21 @@ import torch
 
 from specbench.bench.envinfo import cpu_isa_flags
 
-SOURCES = tuple(Path(__file__).with_name(f) for f in ("cpu_matvec.cpp", "cpu_attention.cpp", "cpu_bf16.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name(f)
+    for f in ("cpu_matvec.cpp", "cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_bf16.cpp")
+)
 NAME = "specbench_cpu_matvec"  # the extension's name, and its build folder's
 CLAIM = "specbench.lock"  # in the build folder: flock'ed by the process building or loading the kernels
 SWITCH_ENV = "SPECBENCH_CPU_MATVEC"  # "0" leaves the weight-only layers on torch's kernels, attention on inductor's
 REQUIRED_FLAGS = ("avx2", "fma")
 BLOCK = 32  # activation block, the kernels' unit; an int4 weight group is 1, 2, 4 or 8 of them
 MAX_HEAD_DIM = 128  # cpu_attention.cpp's largest head dim (a query held in 16 AVX2 registers), checked there too
+ATTENTION_AUTO, ATTENTION_AVX2, ATTENTION_AVX512_BF16, ATTENTION_AMX_BF16 = 0, 1, 2, 3  # cache_attention's `isa`
+ATTENTION_FORMS = {ATTENTION_AVX2: "avx2", ATTENTION_AVX512_BF16: "avx512_bf16", ATTENTION_AMX_BF16: "amx_bf16"}
+MAX_QUERY_ROWS = (
+    16  # cpu_attention.cpp's most query rows a sequence (past it, a prefill: bmm's reuse wins), checked there too
+)
 _loaded = False  # whether `available()` registered the ops in this process
 
 
@@ -68,7 +76,7 @@ def available() -> bool:
         return False
     torch.library.register_fake("specbench::int8_matvec")(_int8_shape)
     torch.library.register_fake("specbench::int4_matvec")(_int4_shape)
-    torch.library.register_fake("specbench::one_query_attention")(_attention_shape)
+    torch.library.register_fake("specbench::cache_attention")(_attention_shape)
     global _loaded
     _loaded = True
     return True
@@ -160,8 +168,10 @@ def _int4_shape(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low
     return x.new_empty(x.shape[0], nibbles.shape[0])
 
 
-def _attention_shape(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, scale: float) -> torch.Tensor:
-    return q.new_empty(q.shape[0], 1, q.shape[1], q.shape[3])
+def _attention_shape(
+    q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, scale: float, isa: int = ATTENTION_AUTO
+) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[2], q.shape[1], q.shape[3])
 
 
 def int8_matvec(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -177,15 +187,27 @@ def int4_matvec(x: torch.Tensor, nibbles: torch.Tensor, scale: torch.Tensor, low
     return _ops("int4_matvec").int4_matvec(x, nibbles, scale, low)
 
 
-def one_query_attention(
-    q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+def cache_attention(
+    q: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    isa: int = ATTENTION_AUTO,
 ) -> torch.Tensor:
-    """softmax(scale · q·keyᵀ + mask) · value for one query a row: q [B, H, 1, d] (H = G·r, r query heads per
-    key/value head, as transformers orders them), key/value [B, G, C, d] (a view of a longer cache is read in
-    place), additive mask [B, 1, 1, C] (float32 or q's dtype) or None; all float32 or all bf16 (summed in float32);
-    d a multiple of 8, at most `MAX_HEAD_DIM`. Returns [B, 1, H, d] in q's dtype (transformers' attention output
-    layout)."""
-    return _ops("one_query_attention").one_query_attention(q, key, value, mask, scale)
+    """softmax(scale · q·keyᵀ + mask) · value for a few query rows a sequence: q [B, H, k, d], 1 ≤ k ≤
+    `MAX_QUERY_ROWS` (H = G·r, r query heads per key/value head, as transformers orders them), key/value [B, G, C, d]
+    (a view of a longer cache is read in place), additive mask [B, 1, k, C] (float32 or q's dtype; a verify's causal
+    rows are the mask's) or None; all float32 or all bf16 (summed in float32); d a multiple of 8, at most
+    `MAX_HEAD_DIM`. Returns [B, k, H, d] in q's dtype (transformers' attention output layout). `isa` picks a form
+    (`ATTENTION_FORMS`; auto: the best `attention_form` finds)."""
+    return _ops("cache_attention").cache_attention(q, key, value, mask, scale, isa)
+
+
+def attention_form(isa: int = ATTENTION_AUTO, dtype: torch.dtype = torch.bfloat16, head_dim: int = 64) -> str:
+    """The form `cache_attention` runs for `isa` on this machine and process at that dtype and head dim: 'avx2',
+    'avx512_bf16' (bf16, d a multiple of 32) or 'amx_bf16' (its scores on AMX tiles); an error where it cannot."""
+    return ATTENTION_FORMS[_ops("attention_form").cache_attention_isa(isa, dtype == torch.bfloat16, head_dim)]
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
