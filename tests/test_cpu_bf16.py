@@ -21,22 +21,22 @@ from specbench.models.matvec_fusion import FUSION_PASS, weights_fingerprint
 if not cpu_bf16.available():
     pytest.skip("specbench's kernels are not available here (no AVX2/FMA or no compiler)", allow_module_level=True)
 
-ISAS = [cpu_bf16.AVX2, cpu_bf16.AVX512_BF16]
-needs = {cpu_bf16.AVX512_BF16: "avx512_bf16"}
+ISAS = [cpu_bf16.AVX2, cpu_bf16.AVX512_BF16, cpu_bf16.AMX_BF16]
 
 
 def _isa_param(isa: int):
     try:
-        cpu_bf16.isa_path(isa)
-    except RuntimeError:
-        return pytest.param(isa, marks=pytest.mark.skip(reason="this CPU has no AVX-512-BF16"))
-    return isa
+        return pytest.param(isa, id=cpu_bf16.isa_path(isa))
+    except RuntimeError as exc:
+        return pytest.param(isa, marks=pytest.mark.skip(reason=str(exc).splitlines()[0]))
 
 
 @pytest.mark.parametrize("isa", [_isa_param(i) for i in ISAS])
-@pytest.mark.parametrize("shape", [(96, 64), (37, 70), (5, 33), (300, 576), (64, 1536)])
+@pytest.mark.parametrize("shape", [(96, 64), (37, 70), (5, 33), (300, 576), (64, 1536), (530, 96)])
 def test_matvec_equals_an_fp32_reference(isa, shape):
-    """Rows 1..9 (9 = one pass of 8 and one of 1), odd K (masked / scalar tails), odd N (a weight row alone)."""
+    """Rows 1..9 (9 = one pass of 8 and one of 1), odd K (masked / scalar tails), odd N (a weight row alone); on AMX
+    blocks of 16 weight rows from 512 rows (530: 33 blocks and 2 rows on AVX-512; the rest, or K not a multiple of
+    32, all on AVX-512)."""
     n, k = shape
     g = torch.Generator().manual_seed(n * k)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)

@@ -11,8 +11,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <ATen/cpu/Utils.h>
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,6 +21,7 @@
 
 bool specbench_aten_allows_avx512();   // cpu_bf16.cpp: torch's kernel level is AVX-512 (ATEN_CPU_CAPABILITY)
 bool specbench_cpu_has_avx512_bf16();  // cpu_bf16.cpp
+bool specbench_amx_bf16();             // cpu_bf16.cpp
 void specbench_attention_bf16(int64_t n, const c10::BFloat16* const* q, const void* const* mask, bool mask_float,
                               c10::BFloat16* const* out, const c10::BFloat16* keys, int64_t k_row,
                               const c10::BFloat16* values, int64_t v_row, int64_t C, int64_t D, float scale, bool amx,
@@ -36,16 +35,6 @@ constexpr int64_t MAX_SLICE = 16;  // query rows a task at most: an AMX tile's
 constexpr int64_t PREFETCH_COLUMNS = 16;  // how far ahead both forms fetch key and value rows (32 did no better)
 enum Isa : int64_t { AUTO = 0, AVX2 = 1, AVX512_BF16 = 2, AMX_BF16 = 3 };  // the op's `isa` argument
 
-// Whether this CPU has AMX BF16 (cpuid 7.0 EDX bits 22, 24) and Linux lets this process use the tile state
-// (`at::cpu::init_amx` asks, once).
-bool amx_bf16() {
-  static const bool ok = [] {
-    unsigned a, b, c, d;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) && at::cpu::init_amx();
-  }();
-  return ok;
-}
-
 // The form an `isa` runs: AUTO takes the best this CPU and torch's kernel level (ATEN_CPU_CAPABILITY) allow for the
 // operands, AMX over AVX-512 BF16 over AVX2; the bf16 forms take bf16 with d a multiple of 32.
 Isa resolve(int64_t isa, bool bf16, int64_t D) {
@@ -54,11 +43,11 @@ Isa resolve(int64_t isa, bool bf16, int64_t D) {
   const bool wide = bf16 && D % 32 == 0;
   if (isa == AUTO) {
     if (!wide || !specbench_aten_allows_avx512() || !specbench_cpu_has_avx512_bf16()) return AVX2;
-    return amx_bf16() ? AMX_BF16 : AVX512_BF16;
+    return specbench_amx_bf16() ? AMX_BF16 : AVX512_BF16;
   }
   if (isa != AVX2) {
     TORCH_CHECK(wide, "specbench::cache_attention: isa ", isa, " takes bf16 with a head dim a multiple of 32");
-    TORCH_CHECK(specbench_cpu_has_avx512_bf16() && (isa == AVX512_BF16 || amx_bf16()), "specbench::cache_attention: isa ",
+    TORCH_CHECK(specbench_cpu_has_avx512_bf16() && (isa == AVX512_BF16 || specbench_amx_bf16()), "specbench::cache_attention: isa ",
                 isa, " asked on a CPU without it");
   }
   return static_cast<Isa>(isa);

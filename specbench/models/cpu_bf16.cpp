@@ -1,7 +1,8 @@
 // bf16 weights streamed once per step for a few activation rows (a decode step: 1 row; a verify: gamma + 1), and
 // the read-bandwidth probe: a plain sum of a buffer. Both split their bytes across all of torch's threads
 // (at::parallel_for), each thread reading one contiguous run, the way ggml's mul_mat splits weight rows.
-// Two ISA paths, picked per call: AVX-512-BF16 (vdpbf16ps: bf16 x bf16 products summed in fp32) and AVX2 + FMA
+// ISA paths, picked per call: AMX (passes of 2+ activation rows as tile products), AVX-512-BF16 (vdpbf16ps: bf16 x
+// bf16 products summed in fp32) and AVX2 + FMA
 // (bf16 -> fp32 by a 16-bit shift). The AVX-512 functions carry their own target attribute, so the extension is
 // still built with -mavx2 only and loads on any AVX2 machine. Built into the same extension as `cpu_matvec.cpp`
 // (`specbench.models.cpu_matvec.available`).
@@ -11,6 +12,8 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
+#include <ATen/cpu/Utils.h>
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -38,23 +41,36 @@ bool specbench_cpu_has_avx512_bf16() {
   return has;
 }
 
+// Whether this CPU has AMX BF16 (cpuid 7.0 EDX bits 22, 24) and Linux lets this process use the tile state
+// (`at::cpu::init_amx` asks, once); cpu_attention.cpp's AMX form asks too.
+bool specbench_amx_bf16() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) && at::cpu::init_amx();
+  }();
+  return ok;
+}
+
 namespace {
 
 constexpr int64_t MAX_ROWS = 8;  // activation rows per pass over the weights; more rows make more passes
 constexpr int64_t GRAIN = 16;    // output features per thread at least (a tiny layer runs on one thread)
-enum Isa : int64_t { AUTO = 0, AVX2 = 1, AVX512_BF16 = 2 };
+enum Isa : int64_t { AUTO = 0, AVX2 = 1, AVX512_BF16 = 2, AMX_BF16 = 3 };
 
-
-// AUTO follows torch's kernel level: ATEN_CPU_CAPABILITY=avx2 (or default) forces the AVX2 path, as it does torch's.
+// AUTO follows torch's kernel level: ATEN_CPU_CAPABILITY=avx2 (or default) forces the AVX2 path, as it does torch's;
+// at AVX-512, AMX where the CPU has it. AMX_BF16 runs passes of 2 or more rows on tiles, one row as AVX512_BF16.
 Isa resolve(int64_t isa) {
-  TORCH_CHECK(isa >= AUTO && isa <= AVX512_BF16, "specbench bf16 kernels: isa ", isa,
-              " is not one of 0 (auto), 1 (avx2), 2 (avx512_bf16)");
-  if (isa == AVX512_BF16) {
-    TORCH_CHECK(specbench_cpu_has_avx512_bf16(), "specbench bf16 kernels: isa 2 (avx512_bf16) asked on a CPU without it");
-    return AVX512_BF16;
+  TORCH_CHECK(isa >= AUTO && isa <= AMX_BF16, "specbench bf16 kernels: isa ", isa,
+              " is not one of 0 (auto), 1 (avx2), 2 (avx512_bf16), 3 (amx_bf16)");
+  if (isa == AVX512_BF16 || isa == AMX_BF16) {
+    TORCH_CHECK(specbench_cpu_has_avx512_bf16() && (isa == AVX512_BF16 || specbench_amx_bf16()),
+                "specbench bf16 kernels: isa ", isa, isa == AMX_BF16 ? " (amx_bf16)" : " (avx512_bf16)",
+                " asked on a CPU without it");
+    return static_cast<Isa>(isa);
   }
   if (isa == AVX2) return AVX2;
-  return specbench_aten_allows_avx512() && specbench_cpu_has_avx512_bf16() ? AVX512_BF16 : AVX2;
+  if (!specbench_aten_allows_avx512() || !specbench_cpu_has_avx512_bf16()) return AVX2;
+  return specbench_amx_bf16() ? AMX_BF16 : AVX512_BF16;
 }
 
 inline float hsum256(__m256 v) {
@@ -143,10 +159,73 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_avx512(const ui
   }
 }
 
+// An AMX tile configuration (palette 1): tile t is rows[t] rows of colsb[t] bytes. Also in cpu_attention_bf16.cpp
+// (no shared header: torch's JIT build rebuilds on the listed sources' contents only).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// AMX: R activation rows against weight rows [begin, end), multiples of 16, K a multiple of 32. out^T = w · x^T:
+// a block of 16 weight rows is tile A, loaded in place 32 columns at a time (the hardware prefetcher follows the
+// 16 rows; software prefetch a block or some columns ahead made it 5-30% slower:
+// analysis/fast_path_amx_matvec_cpu_amx/); x^T [K / 32][16 pairs][16 rows] (`pack_rows`) is the B operand; one
+// `tdpbf16ps` per 32 columns does what 2 R `vdpbf16ps` and R reductions do in `rows_avx512`. Exact products, fp32
+// sums.
+template <typename Out>
+__attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void rows_amx(
+    const uint32_t* xt, int R, const uint16_t* w, int64_t K, int64_t begin, int64_t end, int64_t N, Out* out) {
+  TileConfig config;
+  for (int t = 0; t < 3; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  alignas(64) float block[16 * 16];  // tile 0 stored: [weight row][activation row]
+  const __m512i across = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
+  _tile_loadconfig(&config);
+  for (int64_t n0 = begin; n0 < end; n0 += 16) {
+    _tile_zero(0);
+    for (int64_t k = 0; k < K; k += 32) {
+      _tile_loadd(1, w + n0 * K + k, 2 * K);
+      _tile_loadd(2, xt + k * 8, 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, block, 64);
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_i32gather_ps(across, block + r, 4);
+      if constexpr (std::is_same_v<Out, float>)
+        _mm512_storeu_ps(out + r * N + n0, v);
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * N + n0), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+  }
+  _tile_release();
+}
+
+// x [R, K] bf16 as AMX's B operand: [K / 32][16 column pairs][16 rows] of bf16 pairs, rows past R zero.
+std::vector<uint32_t> pack_rows(const uint16_t* x, int R, int64_t K) {
+  std::vector<uint32_t> xt(K * 8, 0u);
+  for (int r = 0; r < R; ++r) {
+    const auto* pairs = reinterpret_cast<const uint32_t*>(x + r * K);
+    for (int64_t p = 0; p < K / 2; ++p) xt[(p / 16) * 256 + (p % 16) * 16 + r] = pairs[p];
+  }
+  return xt;
+}
+
 template <int R, typename Out>
 void run_rows(Isa isa, const float* xf, const uint16_t* xb, const uint16_t* w, int64_t K, int64_t N, Out* out) {
+  // Blocks of 16 weight rows, the last N % 16 as AVX-512. Under 512 rows (a k or v projection alone) the tile set-up
+  // cost more than it saved (analysis/fast_path_amx_matvec_cpu_amx/).
+  if (isa == AMX_BF16 && R >= 2 && K % 32 == 0 && N >= 512) {
+    const std::vector<uint32_t> xt = pack_rows(xb, R, K);
+    const int64_t blocks = N / 16;
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      rows_amx<Out>(xt.data(), R, w, K, 16 * begin, 16 * end, N, out);
+    });
+    if (blocks * 16 < N) rows_avx512<R>(xb, w, K, blocks * 16, N, N, out);
+    return;
+  }
   at::parallel_for(0, N, GRAIN, [&](int64_t begin, int64_t end) {
-    if (isa == AVX512_BF16)
+    if (isa != AVX2)
       rows_avx512<R>(xb, w, K, begin, end, N, out);
     else
       rows_avx2<R>(xf, w, K, begin, end, N, out);
@@ -159,7 +238,7 @@ template <typename Out>
 constexpr RowsFn<Out> ROWS[MAX_ROWS] = {run_rows<1, Out>, run_rows<2, Out>, run_rows<3, Out>, run_rows<4, Out>,
                                         run_rows<5, Out>, run_rows<6, Out>, run_rows<7, Out>, run_rows<8, Out>};
 
-// x [M, K] bf16 or fp32 @ weight [N, K] bf16 .T (+ bias [N]) -> [M, N] in x's dtype. isa: 0 auto, 1 AVX2, 2 AVX-512.
+// x [M, K] bf16 or fp32 @ weight [N, K] bf16 .T (+ bias [N]) -> [M, N] in x's dtype. isa: 0 auto, 1 AVX2, 2 AVX-512, 3 AMX.
 at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        int64_t isa_arg) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
@@ -174,7 +253,7 @@ at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std:
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   // Each path reads the activations in its own type: one conversion per call (ggml converts them once too).
-  const at::Tensor xs = x.to(isa == AVX512_BF16 ? at::kBFloat16 : at::kFloat).contiguous();
+  const at::Tensor xs = x.to(isa != AVX2 ? at::kBFloat16 : at::kFloat).contiguous();
   // bf16 rows without a bias get their bf16 result written directly (a conversion a call was a visible share of
   // the small k/v layers' time); otherwise fp32 sums, the bias added, then x's dtype.
   const bool direct = x.scalar_type() == at::kBFloat16 && !bias.has_value();
@@ -182,7 +261,7 @@ at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std:
   for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
     const int64_t rows = std::min(MAX_ROWS, M - m0);
     const float* xf = isa == AVX2 ? xs.data_ptr<float>() + m0 * K : nullptr;
-    const uint16_t* xb = isa == AVX512_BF16
+    const uint16_t* xb = isa != AVX2
                              ? reinterpret_cast<const uint16_t*>(xs.data_ptr<at::BFloat16>()) + m0 * K
                              : nullptr;
     if (direct)
@@ -236,7 +315,7 @@ at::Tensor stream_sum(const at::Tensor& buffer, int64_t isa_arg) {
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
-      partial[t] = isa == AVX512_BF16 ? sum_avx512(p + lo, hi - lo) : sum_avx2(p + lo, hi - lo);
+      partial[t] = isa != AVX2 ? sum_avx512(p + lo, hi - lo) : sum_avx2(p + lo, hi - lo);
     }
   });
   float s = 0.f;

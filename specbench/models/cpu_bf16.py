@@ -14,8 +14,8 @@ import torch
 
 from specbench.models import cpu_matvec
 
-AUTO, AVX2, AVX512_BF16 = 0, 1, 2  # the ops' `isa` argument (cpu_bf16.cpp's `Isa`)
-ISA_NAMES = {AVX2: "avx2", AVX512_BF16: "avx512_bf16"}
+AUTO, AVX2, AVX512_BF16, AMX_BF16 = 0, 1, 2, 3  # the ops' `isa` argument (cpu_bf16.cpp's `Isa`)
+ISA_NAMES = {AVX2: "avx2", AVX512_BF16: "avx512_bf16", AMX_BF16: "amx_bf16"}
 MAX_ROWS = 8  # activation rows per pass over the weight (cpu_bf16.cpp); more rows read it again per 8
 
 
@@ -43,7 +43,8 @@ def _ops():
 
 
 def isa_path(isa: int = AUTO) -> str:
-    """The path `isa` runs on this machine and process: 'avx2' or 'avx512_bf16'."""
+    """The path `isa` runs on this machine and process: 'avx2', 'avx512_bf16' or 'amx_bf16' (passes of two or more
+    activation rows on AMX tiles, one row as avx512_bf16)."""
     return ISA_NAMES[_ops().bf16_isa(isa)]
 
 

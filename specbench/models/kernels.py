@@ -173,6 +173,8 @@ class CpuLinear(nn.Linear):
     inductor prepacks on its own) runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
     its own on first use, since `__getstate__` leaves it out: opaque oneDNN tensors cannot be copied)."""
 
+    isa = cpu_bf16.AUTO  # the own kernel's path (`cpu_bf16.isa_path`); a side-by-side comparison sets another
+
     def __init__(self, linear: nn.Linear, gemv_rows: int = 1, own_rows: int = 0) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate and initialise a weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -192,7 +194,7 @@ class CpuLinear(nn.Linear):
 
     def own(self, x: torch.Tensor) -> torch.Tensor:
         """specbench's bf16 kernel (`cpu_bf16.bf16_matvec`), called as the op so a compiled graph keeps it."""
-        y = torch.ops.specbench.bf16_matvec(x.reshape(-1, self.in_features), self.weight, self.bias)
+        y = torch.ops.specbench.bf16_matvec(x.reshape(-1, self.in_features), self.weight, self.bias, self.isa)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
