@@ -211,7 +211,7 @@ void rows_bf16(const Operands<c10::BFloat16, M>& o, int64_t b, int64_t g, int64_
     const Row<c10::BFloat16, M> row = o.row(b, g, j0 + r);
     q[r] = row.q, mask[r] = row.mask, out[r] = row.out;
   }
-  const Row<c10::BFloat16, M> first = o.row(b, g, j0);
+  const Row<c10::BFloat16, M> first = o.row(b, g, j0);  // the head's keys and values, every row's
   specbench_attention_bf16(j1 - j0, q, mask, std::is_same_v<M, float>, out, first.keys, o.k_stride[2], first.values,
                            o.v_stride[2], o.C, o.D, o.scale, AMX, s);
 }

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
+void specbench_load_tiles(int count);  // cpu_bf16.cpp: tiles 0 .. count - 1 of 16 rows x 64 bytes
+
 namespace {
 
 // A slice as `cpu_attention.cpp` hands it over: n query rows' query [D], mask row [C] (none: null) and output [D]
@@ -116,13 +118,6 @@ SPECBENCH_AVX512 void scores_dpbf16(const Slice<M>& o, float* s) {
     }
 }
 
-// An AMX tile configuration (palette 1): tile t is rows[t] rows of colsb[t] bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // `scores_dpbf16` on AMX: one `tdpbf16ps` per 16 columns and 32 dims scores every query row of the slice (n <= 16) at
 // once, where the dpbf16 form runs a chain and a reduction per row. Tile 0 is the scores transposed, [16 columns][16
 // query rows] in float32; tile 1 a block of 16 key rows, loaded from the cache in place; tiles 2.. the queries as
@@ -131,8 +126,6 @@ struct alignas(64) TileConfig {
 template <typename M, int PAIRS>
 SPECBENCH_AMX void scores_amx(const Slice<M>& o, float* s) {
   const int64_t C = o.C, D = o.D, n = o.n;
-  TileConfig config;
-  for (int t = 0; t < 2 + PAIRS; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   alignas(64) uint32_t queries[PAIRS][16][16] = {};  // [32 dims][dim pair][query row]: a query's dims two at a time
   for (int64_t r = 0; r < n; ++r) {
     const auto* q = reinterpret_cast<const uint32_t*>(o.q[r]);
@@ -143,7 +136,7 @@ SPECBENCH_AMX void scores_amx(const Slice<M>& o, float* s) {
   const __m512i across = _mm512_mullo_epi32(
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
   const __m512 scale = _mm512_set1_ps(o.scale);
-  _tile_loadconfig(&config);
+  specbench_load_tiles(2 + PAIRS);
   asm volatile("" ::: "memory");  // `queries` written before the tile loads read it: their asm names no memory
   _tile_loadd(2, queries[0], 64);
   if constexpr (PAIRS > 1) _tile_loadd(3, queries[1], 64);
@@ -205,14 +198,12 @@ template <typename M, int PAIRS>
 SPECBENCH_AMX void values_amx(const Slice<M>& o, const float* s, const float* inv) {
   const int64_t C = o.C, n = o.n, v_row = o.v_row;
   const c10::BFloat16* values = o.values;
-  TileConfig config;
-  for (int t = 0; t < 6; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   alignas(64) c10::BFloat16 weights[16][32] = {};
   alignas(64) uint32_t paired[4][16][16];  // [32 dims' low / high half, twice][column pair][dim]
   alignas(64) float sums[4][16][16];        // tiles 0-3 stored
   const __m512i low = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);  // dims 0-15
   const __m512i high = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  _tile_loadconfig(&config);
+  specbench_load_tiles(6);
   for (int block = 0; block < PAIRS; block += 2) {  // 32 dims a block, two a pass
     const int blocks = std::min(2, PAIRS - block);
     _tile_zero(0);

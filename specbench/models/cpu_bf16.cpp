@@ -159,13 +159,22 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_avx512(const ui
   }
 }
 
-// An AMX tile configuration (palette 1): tile t is rows[t] rows of colsb[t] bytes. Also in cpu_attention_bf16.cpp
-// (no shared header: torch's JIT build rebuilds on the listed sources' contents only).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+}  // namespace
+
+// Loads this thread's AMX configuration: tiles 0 .. count - 1 of 16 rows x 64 bytes (palette 1), the one shape every
+// specbench tile takes; cpu_attention_bf16.cpp's forms load theirs here too.
+__attribute__((target("amx-tile"))) void specbench_load_tiles(int count) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < count; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  asm volatile("" : : "r"(&config) : "memory");  // all 64 bytes stored: the intrinsic's asm names only the first 8
+  _tile_loadconfig(&config);
+}
+
+namespace {
 
 // AMX: R activation rows against weight rows [begin, end), multiples of 16, K a multiple of 32. out^T = w · x^T:
 // a block of 16 weight rows is tile A, loaded in place 32 columns at a time (the hardware prefetcher follows the
@@ -176,12 +185,10 @@ struct alignas(64) TileConfig {
 template <typename Out>
 __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void rows_amx(
     const uint32_t* xt, int R, const uint16_t* w, int64_t K, int64_t begin, int64_t end, int64_t N, Out* out) {
-  TileConfig config;
-  for (int t = 0; t < 3; ++t) config.colsb[t] = 64, config.rows[t] = 16;
   alignas(64) float block[16 * 16];  // tile 0 stored: [weight row][activation row]
   const __m512i across = _mm512_mullo_epi32(
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
-  _tile_loadconfig(&config);
+  specbench_load_tiles(3);
   for (int64_t n0 = begin; n0 < end; n0 += 16) {
     _tile_zero(0);
     for (int64_t k = 0; k < K; k += 32) {

@@ -40,9 +40,7 @@ BLOCK = 32  # activation block, the kernels' unit; an int4 weight group is 1, 2,
 MAX_HEAD_DIM = 128  # cpu_attention.cpp's largest head dim (a query held in 16 AVX2 registers), checked there too
 ATTENTION_AUTO, ATTENTION_AVX2, ATTENTION_AVX512_BF16, ATTENTION_AMX_BF16 = 0, 1, 2, 3  # cache_attention's `isa`
 ATTENTION_FORMS = {ATTENTION_AVX2: "avx2", ATTENTION_AVX512_BF16: "avx512_bf16", ATTENTION_AMX_BF16: "amx_bf16"}
-MAX_QUERY_ROWS = (
-    16  # cpu_attention.cpp's most query rows a sequence (past it, a prefill: bmm's reuse wins), checked there too
-)
+MAX_QUERY_ROWS = 16  # cpu_attention.cpp's most query rows a sequence (past it a prefill: bmm's reuse wins)
 _loaded = False  # whether `available()` registered the ops in this process
 
 
