@@ -512,3 +512,24 @@ def test_a_compiled_step_attends_with_the_kernel_and_matches_the_uncompiled_one(
     assert any("cache_attention" in e.name for e in prof.events())
     tol = 1e-4 if dtype == torch.float32 else 0.15
     torch.testing.assert_close(got.float(), static.feed(x).float(), rtol=tol, atol=tol)
+
+
+def test_a_compiled_cpu_step_calls_its_kernels_from_cpp(prompts):
+    """The compiled CPU step runs from inductor's C++ wrapper (`compile_cache.CPP_WRAPPER`): specbench's ops are
+    called through the C++ dispatcher, none through Python's `torch.ops`, and the logits stay the static path's."""
+    import torch._inductor.config as inductor
+    from torch._inductor.utils import run_and_get_code
+
+    from specbench.decoding.static_kv import StaticLM
+
+    target = tiny_llama(4, dtype=torch.bfloat16, head_dim=32)
+    static, fast = StaticLM(target, 64), ForwardPath("compiled", "default", 64).lm(target)
+    x = torch.tensor([[5], [9], [2], [30]])[: len(prompts)]
+    for lm in (static, fast):
+        lm.prefill(prompts)
+    with inductor.patch(fx_graph_cache=False):  # the code of a cache hit is not handed over
+        got, code = run_and_get_code(fast.feed, x)
+    step = "\n".join(code)
+    assert 'aoti_torch_call_dispatcher("specbench::cache_attention"' in step
+    assert "torch.ops.specbench" not in step
+    torch.testing.assert_close(got.float(), static.feed(x).float(), rtol=0.15, atol=0.15)

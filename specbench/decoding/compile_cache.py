@@ -19,6 +19,10 @@ from transformers import PreTrainedModel
 from specbench.models.matvec_fusion import FUSION_PASS
 
 KEY_PREFIX = "isa-"
+# A CPU graph runs from inductor's C++ wrapper, not its Python one: each of a step's ~300 kernel and op calls cost the
+# Python wrapper a few microseconds. Compiled steps 5-8% shorter, ~15 s more compile a graph
+# (analysis/fast_path_cpp_wrapper_cpu_amx/, whose side-by-side run turns it off for its old side).
+CPP_WRAPPER = True
 
 
 def keyed_cache_dir() -> str:
@@ -55,7 +59,8 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
     per compile (`concat_linears`): on CPU, linears that share an input (q/k/v, gate/up) run as one
     GEMM. It paid for int4 and fp32 weights, cost int8's and was even for bf16 (`scripts/profile_step.py
     --concat-linears off / on`; analysis/fast_path_w4a16h8_concat_cpu_amx/), so W4A16 copies and fp32 get it.
-    specbench's weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`.
+    specbench's weight-only ops (fp32 drafts) are fused the same way by `matvec_fusion.FUSION_PASS`. On CPU the
+    graph runs from inductor's C++ wrapper (`CPP_WRAPPER`).
     """
     import torch._inductor.config as inductor
 
@@ -81,7 +86,8 @@ def compiled_forward(step, mode: str, device: torch.device, concat_linears: bool
         inductor.max_autotune = True
         inductor.max_autotune_gemm_backends = "CPP,ATEN"
     # No `mode` on CPU ("default" is no mode; max-autotune is the config above): torch.compile takes one or options.
-    return torch.compile(step, dynamic=False, options={"cpp.enable_concat_linear": True} if concat_linears else None)
+    options = {"cpp_wrapper": CPP_WRAPPER} | ({"cpp.enable_concat_linear": True} if concat_linears else {})
+    return torch.compile(step, dynamic=False, options=options)
 
 
 def own_code(step):
