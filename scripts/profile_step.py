@@ -5,7 +5,7 @@
                                    [--dtype bfloat16] [--compile-mode max-autotune] [--no-kernel-records]
 
 Compiles the embedded target's (or a draft's) forward at k tokens with inductor's per-kernel
-records on (`cpp.enable_kernel_profile`), prefills a prompt, then profiles `--steps` forwards of
+records on (`cpp.enable_kernel_profile`; off with `--no-kernel-records`), prefills a prompt, then profiles `--steps` forwards of
 k tokens (the prefill is outside the profile). Prints the median step time and the kernels by
 self time: GEMMs show as `gemm_m<k>n<out>k<in>`, fused pointwise/attention kernels as `cpp_fused_*`,
 and `Call CompiledFxGraph`'s self time is the graph's wrapper between them (C++ on CPU, `compile_cache.CPP_WRAPPER`),
