@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_check.sh [--out DIR] [--wheels DIR] [--budget SECONDS] [--work DIR]
 #   bash scripts/gpu_check.sh --only pytest,fastpath             # those steps alone (after env and install)
-#   bash scripts/gpu_check.sh --cpu-smoke [--out DIR]     # the same plumbing on CPU, tiny shapes (~2-3 min)
+#   bash scripts/gpu_check.sh --cpu-smoke [--out DIR]     # the same plumbing on CPU, tiny shapes (~1 min)
 #   bash scripts/gpu_check.sh --fetch-wheels [--wheels DIR]  # where PyPI is reachable: fill the wheel folder
 #   bash scripts/gpu_check.sh --rehearse [--wheels DIR]      # install the wheels beside the image's versions (Python 3.12)
 #
@@ -234,7 +234,8 @@ sweep() {
   if [ "$MODE" = gpu ]; then
     args=(pair=llama8b_1b_shape gamma=1,2,4,6 batch_size=1,4,16,64)
   else
-    args=(pair=tiny gamma=1,2 batch_size=1,2 max_new_tokens=6 workload.prompt_tokens=12 repeats=1 warmup=0)
+    # the static path, as fastpath's: inductor's max-autotune compiles cost ~85 s of a ~2 min smoke on CPU
+    args=(pair=tiny gamma=1,2 batch_size=1,2 max_new_tokens=6 workload.prompt_tokens=12 repeats=1 warmup=0 forward=static)
   fi
   "$PY" -m specbench draft=model workload=synthetic +sweep=gpu_check "${args[@]}" \
       runs_dir="$WORK/runs" sweep_name=gpu_check report=false 2>&1 | grep --line-buffered -v 'batch/s' | tee "$WORK/sweep_summary.txt"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from specbench.config import Config, DraftConfig, ModelConfig, PairConfig, WorkloadConfig
+from specbench.config import Config, DraftConfig, ForwardConfig, ModelConfig, PairConfig, WorkloadConfig
 from specbench.engines import ENGINES, TORCH, Engine, register
 from specbench.engines.specbench_decoders import open_autoregressive, torch_costs
 
@@ -14,7 +14,8 @@ TOY = "toy_plain"
 
 
 def tiny_config(**kw) -> Config:
-    """The shape-only tiny pair (float32, a 1-layer draft), 2 synthetic prompts, a few tokens, no warm-up."""
+    """The shape-only tiny pair (float32, a 1-layer draft), 2 synthetic prompts, a few tokens, no warm-up; the fast
+    path uncompiled (compiled jobs are test_fast_path.py's; here its compile was ~40 s of the file)."""
     pair = PairConfig(
         name="tiny",
         target=ModelConfig(None, shape="tiny-llama"),
@@ -28,7 +29,7 @@ def tiny_config(**kw) -> Config:
         max_new_tokens=6,
         warmup=0,
         threads=1,
-        **kw,
+        **({"forward": ForwardConfig(path="static")} | kw),
     )
 
 

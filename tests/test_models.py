@@ -160,31 +160,46 @@ def test_embedded_tokenizer_matches_itself_and_not_a_foreign_one(embedded_fp32):
         check_same_tokenizer(tok, _Tok({"hello": 0}, tok.eos_token_id))
 
 
+QUESTIONS = [
+    "Name three primary colours.",
+    "Summarise: the cat sat on the mat because the mat was warm and the cat was cold.",
+    "Write a Python function that returns the square of a number.",
+    "Translate to French: good morning, my friend.",
+]
+GREEDY_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def embedded_generate_greedy(embedded_fp32) -> list[list[int]]:
+    """transformers' greedy continuation of each of QUESTIONS (chat template), computed once for every draft below."""
+    model, tok = embedded_fp32
+    refs = []
+    for q in QUESTIONS:
+        text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        out = model.generate(ids, max_new_tokens=GREEDY_TOKENS, do_sample=False, pad_token_id=tok.eos_token_id)
+        refs.append(out[0, ids.shape[1] :].tolist())
+    return refs
+
+
 @needs_embedded
 @pytest.mark.embedded
 @pytest.mark.parametrize("draft, vocab_top", [("w8a16", 0), ("ngram", 0), ("w4a16", 8192), ("w4a16h8", 0)])
-def test_embedded_greedy_equals_generate_fp32(draft, vocab_top, embedded_fp32):
+def test_embedded_greedy_equals_generate_fp32(draft, vocab_top, embedded_generate_greedy):
     import specbench
 
-    model, tok = embedded_fp32
-    questions = [
-        "Name three primary colours.",
-        "Summarise: the cat sat on the mat because the mat was warm and the cat was cold.",
-        "Write a Python function that returns the square of a number.",
-        "Translate to French: good morning, my friend.",
-    ]
-    n = 24
-    for batch in (questions[:1], questions):
+    for batch in (QUESTIONS[:1], QUESTIONS):
         out = specbench.decode(
-            batch, draft=draft, draft_vocab_top=vocab_top, dtype="float32", max_new_tokens=n, gamma=4, forward="eager"
+            batch,
+            draft=draft,
+            draft_vocab_top=vocab_top,
+            dtype="float32",
+            max_new_tokens=GREEDY_TOKENS,
+            gamma=4,
+            forward="eager",
         )
-        for row, q in enumerate(batch):
-            text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-            ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-            ref = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)[
-                0, ids.shape[1] :
-            ]
-            assert out.tokens[row] == ref.tolist(), f"B={len(batch)} row {row}"
+        for row in range(len(batch)):
+            assert out.tokens[row] == embedded_generate_greedy[row], f"B={len(batch)} row {row}"
         if draft != "ngram":  # a weight-only copy agrees often with its target; int4 in groups of 128 with an
             # int4 head less so (0.77 tokens a round here; on the target's own grid, groups of 32, over 1)
             assert out.rounds["accepted"].mean() > (0.5 if draft == "w4a16" else 1.0)
