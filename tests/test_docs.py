@@ -135,9 +135,8 @@ def test_readme_sweep_command_runs_on_the_tiny_pair(tmp_path):
     assert command[:3] == ["python", "-m", "specbench"], command
     tiny = ["pair=tiny", "draft=model", "workload=synthetic", "workload.n_prompts=1", "workload.prompt_tokens=8"]
     tiny += ["max_new_tokens=4", "ct_bench=false", "report=false", "gamma=1,2"]
-    tiny += [
-        "forward=static"
-    ]  # the fast path uncompiled: a compiled job is test_fast_path.py's (~45 s of compile here)
+    # the fast path uncompiled: a compiled job is test_fast_path.py's (~45 s of compile here)
+    tiny += ["forward=static"]
     tiny += [f"runs_dir={tmp_path / 'runs'}"]
     run = subprocess.run(
         [sys.executable, *command[1:], *tiny], cwd=tmp_path, capture_output=True, text=True, timeout=600

@@ -16,6 +16,7 @@ TOY = "toy_plain"
 def tiny_config(**kw) -> Config:
     """The shape-only tiny pair (float32, a 1-layer draft), 2 synthetic prompts, a few tokens, no warm-up; the fast
     path uncompiled (compiled jobs are test_fast_path.py's; here its compile was ~40 s of the file)."""
+    kw.setdefault("forward", ForwardConfig(path="static"))
     pair = PairConfig(
         name="tiny",
         target=ModelConfig(None, shape="tiny-llama"),
@@ -29,7 +30,7 @@ def tiny_config(**kw) -> Config:
         max_new_tokens=6,
         warmup=0,
         threads=1,
-        **({"forward": ForwardConfig(path="static")} | kw),
+        **kw,
     )
 
 
