@@ -16,7 +16,7 @@ from specbench.report.evidence import check_citations, render_index
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-TEST_COMMAND = 'python -m pytest -q -m "not slow"'
+TEST_COMMAND = 'python -m pytest -q -m "not slow" -n 2 --dist loadfile'
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
