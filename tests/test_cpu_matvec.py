@@ -402,7 +402,7 @@ FORMS = [_form(isa) for isa in cpu_matvec.ATTENTION_FORMS] if cpu_matvec.availab
         (1, 2, 3, 96, 40, 4, True),
         (1, 3, 3, 64, 1, 1, False),
         (3, 2, 2, 8, 9, 2, True),
-        (1, 2, 2, 24, 7, 3, True),  # a head dim past the last 16
+        (1, 2, 2, 24, 7, 3, True),  # AVX2: three 8-wide vectors a head, an odd one after a pair
     ],
 )
 def test_cache_attention_is_softmax_attention(b, g, r, d, c, k, masked, dtype, isa):

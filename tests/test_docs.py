@@ -4,6 +4,7 @@ no package-index address is written into the project, and the README's commands 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -138,8 +139,9 @@ def test_readme_sweep_command_runs_on_the_tiny_pair(tmp_path):
     # the fast path uncompiled: a compiled job is test_fast_path.py's (~45 s of compile here)
     tiny += ["forward=static"]
     tiny += [f"runs_dir={tmp_path / 'runs'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one torch thread, as every test: the other core is another's
     run = subprocess.run(
-        [sys.executable, *command[1:], *tiny], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        [sys.executable, *command[1:], *tiny], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(list((tmp_path / "runs" / "gamma").glob("*/done.json"))) == 2
