@@ -84,3 +84,15 @@ def test_audit_too_few_samples_for_a_joint_test_is_an_error_not_a_pass(tmp_path)
 
 def test_tune_bad_storage_is_one_line(tmp_path):
     assert_one_line_error(run_cli("specbench.tune", "notastorage"), "specbench.tune: error:")
+
+
+def test_tune_refuses_a_bad_storage_without_loading_torch():
+    """Reading a study's recommendations needs optuna and pandas, not torch: the error came after ~5 s of importing
+    torch and transformers (the prompt type the tuner's studies hold lived in the benchmark protocol's module)."""
+    code = (
+        "import sys\nfrom specbench.tune.cli import main\ncode = main(['notastorage'])\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\nsys.exit(code)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "False False", result.stdout + result.stderr[-2000:]
+    assert_one_line_error(result, "specbench.tune: error:", "notastorage")

@@ -18,16 +18,17 @@ from specbench.bench import claims, runstore
 from specbench.bench.envinfo import environment_record
 from specbench.bench.jobkeys import JobConflict, config_diff, machine_key, machine_record
 from specbench.bench.memory import PeakMemory
-from specbench.bench.protocol import (
-    EncodedPrompt,
-    batches_of,
-    decoders,
-    job_keys,
-    measure_batch,
-    warm_up,
-)
+from specbench.bench.protocol import decoders, job_keys, measure_batch, warm_up
 from specbench.bench.telemetry import JobTelemetry
-from specbench.bench.workloads import Prompt, context_documents, load_workload, pad_to_tokens, prompt_ids
+from specbench.bench.workloads import (
+    EncodedPrompt,
+    Prompt,
+    batches_of,
+    context_documents,
+    load_workload,
+    pad_to_tokens,
+    prompt_ids,
+)
 from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for, check_context
 from specbench.decoding.forward_choice import choose_for

@@ -14,13 +14,13 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import pandas as pd
 
 from specbench.bench.costs import CT_KEYS, bench_ct, bench_floor  # noqa: F401  (the protocol's cost rows)
 from specbench.bench.envinfo import hardware_label
 from specbench.bench.telemetry import JobTelemetry
+from specbench.bench.workloads import EncodedPrompt
 from specbench.config import Config
 from specbench.decoding.decoder import DecodeResult
 from specbench.decoding.records import REQUEST_COLUMNS, ROUND_COLUMNS, to_frame
@@ -30,20 +30,6 @@ from specbench.models.pair import Pair
 
 SEED_STRIDE = 1_000_003  # seed step between repeats: batches of different repeats never share a seed
 WARMUP_TOKENS = 16
-
-
-@dataclass
-class EncodedPrompt:
-    """One prompt as token ids, with the ids that label its rows."""
-
-    prompt_id: str
-    category: str
-    ids: list[int]
-
-
-def batches_of(prompts: list[EncodedPrompt], batch_size: int) -> list[list[EncodedPrompt]]:
-    """Consecutive prompt batches of `batch_size` (the last may be shorter)."""
-    return [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
 def batch_seed(seed: int, repeat: int, batch: int) -> int:

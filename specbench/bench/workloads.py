@@ -324,3 +324,17 @@ def pad_to_tokens(prompt: Prompt, tokenizer: Any, tokens: int, documents: list[P
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if len(padded(mid)) <= tokens else (lo, mid - 1)
     return padded(lo)
+
+
+@dataclass
+class EncodedPrompt:
+    """One prompt as token ids, with the ids that label its rows."""
+
+    prompt_id: str
+    category: str
+    ids: list[int]
+
+
+def batches_of(prompts: list[EncodedPrompt], batch_size: int) -> list[list[EncodedPrompt]]:
+    """Consecutive prompt batches of `batch_size` (the last may be shorter)."""
+    return [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]

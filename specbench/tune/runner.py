@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 
 from specbench.bench import runstore
 from specbench.bench.job import check_workload, encode_workload
-from specbench.bench.protocol import EncodedPrompt, bench_ct, decoders, job_keys, measure_batch, warm_up
+from specbench.bench.protocol import bench_ct, decoders, job_keys, measure_batch, warm_up
 from specbench.bench.telemetry import JobTelemetry
+from specbench.bench.workloads import EncodedPrompt
 from specbench.config import Config
 from specbench.decoding.forward import DECODE_KV_DRAFT_KS, DRAFT_KS, ForwardPath, capacity_for
 from specbench.decoding.forward_choice import ForwardChoice, choose_for

@@ -25,7 +25,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from specbench.bench.jobkeys import machine_key
-from specbench.bench.protocol import EncodedPrompt, batches_of
+from specbench.bench.workloads import EncodedPrompt, batches_of
 from specbench.config import Config
 from specbench.tune.objectives import OBJECTIVES
 from specbench.tune.paired import worse_p
