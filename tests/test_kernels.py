@@ -113,6 +113,51 @@ def test_tuning_applies_to_bf16_on_cpu_within_memory_only(monkeypatch):
     assert not any(isinstance(m, CpuLinear) for m in bf16.modules())
 
 
+def test_upcast_is_the_float32_product_of_the_bf16_values_rounded_once():
+    linear = bf16_linear()
+    layer, x = CpuLinear(linear), torch.randn(5, 64, dtype=torch.bfloat16)
+    want = nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+    got = layer.upcast(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float()).bfloat16())
+    torch.testing.assert_close(got.double(), want, rtol=2**-8, atol=1e-6)
+
+
+def test_rows_past_the_gemv_take_the_upcast_only_where_it_was_chosen_and_onednn_cannot_prepack(monkeypatch):
+    """Past `gemv_rows` (and `own_rows`): oneDNN's prepacked kernel where it can prepack; else the upcast where
+    `upcast_wide` chose it, else torch's bf16 linear."""
+    calls = []
+    monkeypatch.setattr(CpuLinear, "upcast", lambda self, x: calls.append("upcast") or self.torch_default(x))
+    layer, x = CpuLinear(bf16_linear(), gemv_rows=1), torch.randn(16, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        for can_prepack, chosen, expected in ((False, True, ["upcast"]), (False, False, []), (True, True, [])):
+            calls.clear()
+            layer.can_prepack, layer.upcast_wide = can_prepack, chosen
+            if can_prepack and not prepack_supported():
+                continue
+            layer(x)
+            layer(x[:1])  # one row: the gemv, never the upcast
+            assert calls == expected, (can_prepack, chosen)
+
+
+def test_the_wide_rule_widens_only_when_clearly_faster():
+    assert kernels.pick_wide({"upcast": 1.0, "torch": 4.0})
+    assert not kernels.pick_wide({"upcast": 0.95, "torch": 1.0})  # a near-tie keeps torch's kernel
+    assert not kernels.pick_wide({"upcast": 3.0, "torch": 1.0})
+
+
+def test_the_dtype_probe_times_the_prompt_rows_in_the_upcast_only_where_a_job_could_run_it(monkeypatch):
+    from specbench.models import loading
+
+    linears = [bf16_linear()]
+    monkeypatch.setattr(loading, "prepack_supported", lambda: False)
+    assert set(loading.prefill_kernels("bfloat16", linears)) == {"torch", "upcast"}
+    assert set(loading.prefill_kernels("bfloat16", linears, cpu_linear="torch")) == {"torch"}
+    assert set(loading.prefill_kernels("float32", linears)) == {"torch"}
+    monkeypatch.setattr(loading, "prepack_supported", lambda: True)
+    assert set(loading.prefill_kernels("bfloat16", linears)) == {"torch"}
+
+
 def test_gemv_rows_is_a_probed_row_count():
     assert gemv_rows(96, 64, prepack_supported(), 1 << 20) in (0, *kernels.PROBE_ROWS)
 

@@ -164,10 +164,42 @@ def pick_own_rows(timings: dict) -> int:
     return best
 
 
+WIDE_ROWS = 64  # a prompt chunk: the rows at which `upcast_wide` times the kernels past the gemv's
+
+
+@functools.cache
+def upcast_wide(out_features: int, in_features: int, stream_bytes: int) -> bool:
+    """Whether a `CpuLinear` of this shape runs its rows past the gemv's widened to float32 (`CpuLinear.upcast`)
+    rather than torch's bf16 linear, where oneDNN cannot prepack bf16 (an AVX2-only CPU: there torch's bf16 linear
+    prefilled 3.8-6.8x slower, analysis/prefill_upcast_cpu_amx_avx2_only/). Timed once per machine and software
+    version (`choices.cached`) by `time_wide`, decided by `pick_wide`."""
+    name = f"upcast_wide bf16 {out_features}x{in_features} stream={stream_bytes}"
+    timings = functools.partial(time_wide, out_features, in_features, stream_bytes)
+    return choices.cached(name, timings, pick_wide)[0]
+
+
+def time_wide(out_features: int, in_features: int, stream_bytes: int) -> dict:
+    """{"upcast": s, "torch": s}: `WIDE_ROWS` rows through weight copies adding up to `stream_bytes` (as
+    `time_gemv_rows`), widened to float32 for the call or in torch's bf16 linear."""
+    copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
+    layers = [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
+    x = torch.randn(WIDE_ROWS, in_features, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        return interleaved_medians(
+            {"upcast": lambda: [m.upcast(x) for m in layers], "torch": lambda: [m.torch_default(x) for m in layers]}
+        )
+
+
+def pick_wide(timings: dict) -> bool:
+    """The rule: widen only where that is clearly faster (`clearly_faster`); a near-tie keeps torch's kernel."""
+    return clearly_faster(timings["upcast"], timings["torch"])
+
+
 class CpuLinear(nn.Linear):
     """An nn.Linear (same parameters, so ties, quantizers and state dicts see no difference) whose bf16
     CPU forward takes specbench's bf16 kernel up to `own_rows` rows (also inside a `torch.compile` trace),
-    else ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them.
+    else ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them; where oneDNN cannot
+    prepack bf16, torch's bf16 linear or, where `upcast_wide` measured it faster, the weight widened to float32.
 
     Anything else (another dtype or device, autograd, a `torch.compile` trace past `own_rows`, which
     inductor prepacks on its own) runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
@@ -186,6 +218,7 @@ class CpuLinear(nn.Linear):
         if own_rows and not cpu_bf16.available():
             raise ValueError(f"CpuLinear own_rows={own_rows}: specbench's bf16 kernel is not built here; allowed: 0")
         self.own_rows = min(own_rows, cpu_bf16.MAX_ROWS)  # measured per shape by `tune_cpu_linears`
+        self.upcast_wide = False  # measured per shape by `tune_cpu_linears` where oneDNN cannot prepack
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -212,6 +245,11 @@ class CpuLinear(nn.Linear):
     def torch_default(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, self.weight, self.bias)
 
+    def upcast(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in float32, the weight widened for this call (bf16 values exactly), rounded back to x's dtype."""
+        bias = None if self.bias is None else self.bias.float()
+        return nn.functional.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plain = (
             x.device.type == "cpu"
@@ -225,7 +263,9 @@ class CpuLinear(nn.Linear):
             return super().forward(x)
         if rows <= self.gemv_rows:
             return self.gemv(x)
-        return self.prepacked(x) if self.can_prepack else self.torch_default(x)
+        if self.can_prepack:
+            return self.prepacked(x)
+        return self.upcast(x) if self.upcast_wide else self.torch_default(x)
 
 
 def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
@@ -244,6 +284,7 @@ def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
     for parent, name, child in linears:
         shape = (child.out_features, child.in_features, prepacked, stream)
         layer = CpuLinear(child, gemv_rows(*shape), own_rows(*shape))
+        layer.upcast_wide = not prepacked and upcast_wide(child.out_features, child.in_features, stream)
         layer.pack()
         setattr(parent, name, layer)
     return linear_kernels(model)

@@ -79,7 +79,8 @@ def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned",
 
     'prefill': the prompt rows a round's tokens stand for (`PROBE_PREFILL_ROWS`). Without it the probe picked bf16
     on the AVX2 path of an AMX Xeon, where bf16 decodes faster but prefills 4-5x slower, and end to end lost to
-    fp32 (analysis/engines_dtype_cpu_avx2_path/). Timed in the kernels a job runs, interleaved: the target's matvecs
+    fp32 (analysis/engines_dtype_cpu_avx2_path/); the prompt rows run as `prefill_kernels` says. Timed in the kernels
+    a job runs, interleaved: the target's matvecs
     in bf16 as `CpuLinear` runs them (the faster of ATen's gemv and the prepacked oneDNN kernel) unless
     `cpu_linear='torch'`, in fp32 as nn.Linear; a weight-only draft's (`draft_weights` 'int8' | 'int4')
     in its layer's kernel for that dtype (fp32: specbench's `cpu_matvec` where it builds, else torch's int4
@@ -100,7 +101,8 @@ def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned",
         for kernel, fs in target_kernels(name, linears, cpu_linear).items():
             runs[(name, "target", kernel)] = lambda fs=fs, x=x: [f(x) for f in fs]
         prompt = torch.randn(PROBE_PREFILL_ROWS, in_features, generator=g).to(DTYPES[name])
-        runs[(name, "prefill", "torch")] = lambda fs=linears, x=prompt: [f(x) for f in fs]
+        for kernel, fs in prefill_kernels(name, linears, cpu_linear).items():
+            runs[(name, "prefill", kernel)] = lambda fs=fs, x=prompt: [f(x) for f in fs]
         if draft_weights:
             draft = [WEIGHT_ONLY_LAYERS[draft_weights](linear, probe=False) for linear in linears]
             runs[(name, "draft", draft_weights)] = lambda fs=draft, x=x: [f(x) for f in fs]
@@ -130,6 +132,15 @@ def target_kernels(dtype: str, linears: list[nn.Linear], cpu_linear: str = "tune
     if cpu_bf16.available():
         kernels["own"] = [t.own for t in tuned]
     return kernels
+
+
+def prefill_kernels(dtype: str, linears: list[nn.Linear], cpu_linear: str = "tuned") -> dict[str, list]:
+    """The prompt rows' kernels `time_cpu_dtypes` times for `dtype` (their fastest counts): torch's linear, and in
+    bf16 with tuned linears where oneDNN cannot prepack bf16 the weight widened to float32 (`CpuLinear.upcast`),
+    which `CpuLinear` takes there where it measured it faster (analysis/prefill_upcast_cpu_amx_avx2_only/)."""
+    if dtype != "bfloat16" or cpu_linear != "tuned" or prepack_supported():
+        return {"torch": linears}
+    return {"torch": linears, "upcast": [CpuLinear(linear).upcast for linear in linears]}
 
 
 def pick_dtype(seconds: dict[str, dict[str, float]]) -> str:
