@@ -96,3 +96,20 @@ def test_tune_refuses_a_bad_storage_without_loading_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.stdout.strip() == "False False", result.stdout + result.stderr[-2000:]
     assert_one_line_error(result, "specbench.tune: error:", "notastorage")
+
+
+@pytest.mark.parametrize(
+    "args, word",
+    [(["--threads", "-1"], "--threads"), (["--decoder", "nope"], "nope"), (["--samples", "3"], "--samples")],
+)
+def test_audit_refuses_a_bad_argument_without_loading_torch(args, word):
+    """The audit checks its arguments and decoder names before torch and transformers load: the error came
+    after ~5 s of imports (the package and the CLI imported the decoders at module level)."""
+    code = (
+        "import sys\nfrom specbench.audit.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\nsys.exit(code)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "False False", result.stdout + result.stderr[-2000:]
+    assert_one_line_error(result, "error:", word)

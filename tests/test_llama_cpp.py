@@ -313,7 +313,7 @@ def test_llama_cpp_speculative_sampling_passes_the_audit(name):
 
 
 def test_llama_cpp_p_min_names_are_checked():
-    from specbench.audit.decoders import check_decoder_name, llama_cpp_p_min
+    from specbench.audit.names import check_decoder_name, llama_cpp_p_min
 
     assert llama_cpp_p_min("llama_cpp:probabilistic@0.25") == 0.25 and llama_cpp_p_min("llama_cpp") == 0.0
     for bad in ("llama_cpp:probabilistic@x", "llama_cpp:probabilistic@1.5"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specbench.audit import AuditSettings, make_decoder, run_audit, tiny_pair
-from specbench.audit.decoders import check_decoder_name
+from specbench.audit.names import check_decoder_name
 from specbench.audit.pairs import TINY_PROMPTS
 from specbench.decoding.sampling import SamplingConfig
 

@@ -50,42 +50,41 @@ Calibration (scripts/audit_false_alarms.py, default settings, tiny pair, T=1 top
 correct speculative decoder FAILed 10 of 1000 seeds (1.0%); continuations drawn straight
 from the enumerated p FAILed 28 of 3000 audits in exact mode and 9 of 1000 in sample mode.
 
-Modules: `settings` (AuditSettings, seeds), `decoders` (decoders under test), `variants` (the
+Modules: `settings` (AuditSettings, seeds), `names` (the decoder names), `decoders` (decoders under test), `variants` (the
 deliberately broken ones), `exact` (the enumerated reference), `stats` (tests, TV, power),
 `core` (`run_audit(...) -> AuditResult`), `result` (tables), `pairs` (tiny / embedded) and
 `cli` (`python -m specbench.audit`: writes audit.md and audit.csv, exits 1 when any audit fails).
 """
 
-from specbench.audit.core import run_audit
-from specbench.audit.decoders import (
-    DecoderUnderTest,
-    SharedPrefillLM,
-    autoregressive_decoder,
-    hf_assisted_decoder,
-    make_decoder,
-    speculative_decoder,
-)
-from specbench.audit.exact import exact_distribution
-from specbench.audit.pairs import TINY_PROMPTS, load_audit_pair, tiny_pair
-from specbench.audit.result import AuditResult
-from specbench.audit.settings import PAD, AuditSettings, derive_seed
-from specbench.audit.variants import VARIANTS
+import importlib
 
-__all__ = [
-    "PAD",
-    "TINY_PROMPTS",
-    "VARIANTS",
-    "AuditResult",
-    "AuditSettings",
-    "DecoderUnderTest",
-    "SharedPrefillLM",
-    "autoregressive_decoder",
-    "derive_seed",
-    "exact_distribution",
-    "hf_assisted_decoder",
-    "load_audit_pair",
-    "make_decoder",
-    "run_audit",
-    "speculative_decoder",
-    "tiny_pair",
-]
+# Exported lazily (PEP 562), so `python -m specbench.audit` parses its arguments before torch loads.
+_EXPORTS = {
+    "run_audit": "core",
+    "DecoderUnderTest": "decoders",
+    "SharedPrefillLM": "decoders",
+    "autoregressive_decoder": "decoders",
+    "hf_assisted_decoder": "decoders",
+    "make_decoder": "decoders",
+    "speculative_decoder": "decoders",
+    "exact_distribution": "exact",
+    "TINY_PROMPTS": "pairs",
+    "load_audit_pair": "pairs",
+    "tiny_pair": "pairs",
+    "AuditResult": "result",
+    "PAD": "settings",
+    "AuditSettings": "settings",
+    "derive_seed": "settings",
+    "VARIANTS": "variants",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -6,15 +6,9 @@ import argparse
 import dataclasses
 from contextlib import ExitStack
 
-import torch
-
-from specbench.audit.core import TooFewSamplesError, run_audit
-from specbench.audit.decoders import DECODER_CHOICES, check_decoder_name, is_llama_cpp, make_decoder
-from specbench.audit.pairs import AUDIT_PROMPTS, load_audit_pair
-from specbench.audit.result import AuditResult
+from specbench.audit.names import DECODER_CHOICES, check_decoder_name, is_llama_cpp
 from specbench.audit.settings import DEFAULT_DECODER, MINIMUMS, REFERENCE_SAMPLES_MIN, REFERENCES, AuditSettings
 from specbench.cli_errors import ArgumentParser, int_at_least
-from specbench.decoding.sampling import SamplingConfig
 
 
 def _ids(text: str) -> tuple[int, ...]:
@@ -98,19 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run the audits the arguments ask for; 0 when all pass, 1 when any fails."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
-        settings = AuditSettings(
-            samples=args.samples,
-            tokens=args.tokens,
-            alpha=args.alpha,
-            reference=args.reference,
-            reference_samples=args.reference_samples,
-            max_enumerate=args.max_enumerate,
-            batch_size=args.batch_size,
-            seed=args.seed,
-        )
+        settings, decoders, llama = check_arguments(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    # torch, transformers and the models load only once the arguments are known to be good: a bad one is a
+    # one-line error at once, not after seconds of imports.
+    import torch
+
+    from specbench.audit.core import TooFewSamplesError
+    from specbench.audit.pairs import AUDIT_PROMPTS, load_audit_pair
+    from specbench.decoding.sampling import SamplingConfig
+
+    try:
         base = SamplingConfig(
             args.temperature,
             args.top_k,
@@ -125,24 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         samplings = [base] + [
             dataclasses.replace(base, temperature=t, top_k=k, top_p=p) for t, k, p in args.sampling or []
         ]
-        decoders = args.decoder or [DEFAULT_DECODER]
-        for name in decoders:
-            check_decoder_name(name)
         built_in = len(AUDIT_PROMPTS[args.pair])
         if args.prompts is not None and args.prompts > built_in:
             raise ValueError(
                 f"argument --prompts: {args.prompts}: must be at most {built_in} "
                 f"(the {built_in} built-in prompts of --pair {args.pair})"
             )
-        llama = [n for n in decoders if is_llama_cpp(n)]
-        if llama and args.pair != "embedded":
-            raise ValueError(
-                f"--decoder {llama[0]}: llama.cpp runs GGUF copies of the embedded model; use --pair embedded"
-            )
-        if llama and args.reference == "exact":
-            raise ValueError("--reference exact: llama.cpp decoders are audited against llama.cpp's own sampling")
     except ValueError as exc:
         parser.error(str(exc))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target, draft, prompts, eos = load_audit_pair(args.pair)
     try:
         for sampling in samplings:
@@ -157,8 +143,36 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --samples: {args.samples} with --tokens {args.tokens}: {exc}")
 
 
+def check_arguments(args: argparse.Namespace) -> tuple[AuditSettings, list[str], list[str]]:
+    """(settings, decoder names, the llama.cpp ones among them), or a ValueError naming the bad argument; without
+    torch."""
+    settings = AuditSettings(
+        samples=args.samples,
+        tokens=args.tokens,
+        alpha=args.alpha,
+        reference=args.reference,
+        reference_samples=args.reference_samples,
+        max_enumerate=args.max_enumerate,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    decoders = args.decoder or [DEFAULT_DECODER]
+    for name in decoders:
+        check_decoder_name(name)
+    llama = [n for n in decoders if is_llama_cpp(n)]
+    if llama and args.pair != "embedded":
+        raise ValueError(f"--decoder {llama[0]}: llama.cpp runs GGUF copies of the embedded model; use --pair embedded")
+    if llama and args.reference == "exact":
+        raise ValueError("--reference exact: llama.cpp decoders are audited against llama.cpp's own sampling")
+    return settings, decoders, llama
+
+
 def _run(args, settings, samplings, decoders, llama, target, draft, prompts, eos) -> int:
     """Every (sampling, decoder) audit, printed as it ends; audit.md and audit.csv; 0 when all pass."""
+    from specbench.audit.core import run_audit
+    from specbench.audit.decoders import make_decoder
+    from specbench.audit.result import AuditResult
+
     results, cache = [], {}
     with ExitStack() as stack:
         la = None

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from specbench.audit.decoders import DecoderUnderTest, is_llama_cpp, llama_cpp_p_min, pad_rows
+from specbench.audit.decoders import DecoderUnderTest, pad_rows
+from specbench.audit.names import is_llama_cpp, llama_cpp_p_min
 from specbench.audit.settings import derive_seed
 from specbench.decoding.sampling import SamplingConfig
 from specbench.llama_cpp.decoder import request_params
