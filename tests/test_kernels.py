@@ -124,20 +124,44 @@ def test_upcast_is_the_float32_product_of_the_bf16_values_rounded_once():
 
 
 def test_rows_past_the_gemv_take_the_upcast_only_where_it_was_chosen_and_onednn_cannot_prepack(monkeypatch):
-    """Past `gemv_rows` (and `own_rows`): oneDNN's prepacked kernel where it can prepack; else the upcast where
-    `upcast_wide` chose it, else torch's bf16 linear."""
+    """Past `gemv_rows` (and `own_rows`): oneDNN's prepacked kernel where it can prepack; else, from
+    `UPCAST_MIN_ROWS` rows, the upcast where `upcast_wide` chose it; else torch's bf16 linear. A decode step or a
+    verify never widens the weight, even with no gemv or own rows (no C++ compiler, SPECBENCH_CPU_MATVEC=0)."""
     calls = []
-    monkeypatch.setattr(CpuLinear, "upcast", lambda self, x: calls.append("upcast") or self.torch_default(x))
-    layer, x = CpuLinear(bf16_linear(), gemv_rows=1), torch.randn(16, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(CpuLinear, "upcast", lambda self, x: calls.append(x.shape[0]) or self.torch_default(x))
+    layer = CpuLinear(bf16_linear(), gemv_rows=0, own_rows=0)
+    rows = (1, 8, kernels.UPCAST_MIN_ROWS - 1, kernels.UPCAST_MIN_ROWS, 64)
     with torch.inference_mode():
-        for can_prepack, chosen, expected in ((False, True, ["upcast"]), (False, False, []), (True, True, [])):
-            calls.clear()
-            layer.can_prepack, layer.upcast_wide = can_prepack, chosen
+        for can_prepack, chosen, expected in (
+            (False, True, [kernels.UPCAST_MIN_ROWS, 64]),
+            (False, False, []),
+            (True, True, []),
+        ):
             if can_prepack and not prepack_supported():
                 continue
-            layer(x)
-            layer(x[:1])  # one row: the gemv, never the upcast
+            calls.clear()
+            layer.can_prepack, layer.upcast_wide = can_prepack, chosen
+            for n in rows:
+                assert layer(torch.randn(n, 64, dtype=torch.bfloat16)).shape == (n, 96)
             assert calls == expected, (can_prepack, chosen)
+
+
+def test_tuning_sets_the_upcast_choice_only_where_onednn_cannot_prepack_and_copies_keep_it(monkeypatch):
+    asked, prepacks_here = [], prepack_supported()
+    monkeypatch.setattr(kernels, "gemv_rows", lambda *shape: 0)
+    monkeypatch.setattr(kernels, "own_rows", lambda *shape: 0)
+    monkeypatch.setattr(kernels, "upcast_wide", lambda *shape: asked.append(shape) or True)
+    monkeypatch.setattr(kernels, "prepack_supported", lambda: False)
+    model = tiny_llama(0, dtype=torch.bfloat16)
+    tune_cpu_linears(model)
+    layers = [m for m in copy.deepcopy(model).modules() if isinstance(m, CpuLinear)]
+    assert layers and all(m.upcast_wide for m in layers) and len(asked) == len(layers)
+    if prepacks_here:  # where oneDNN prepacks bf16 the upcast is neither timed nor taken
+        monkeypatch.setattr(kernels, "prepack_supported", lambda: True)
+        asked.clear()
+        model = tiny_llama(0, dtype=torch.bfloat16)
+        tune_cpu_linears(model)
+        assert not asked and not any(m.upcast_wide for m in model.modules() if isinstance(m, CpuLinear))
 
 
 def test_the_wide_rule_widens_only_when_clearly_faster():
@@ -156,6 +180,25 @@ def test_the_dtype_probe_times_the_prompt_rows_in_the_upcast_only_where_a_job_co
     assert set(loading.prefill_kernels("float32", linears)) == {"torch"}
     monkeypatch.setattr(loading, "prepack_supported", lambda: True)
     assert set(loading.prefill_kernels("bfloat16", linears)) == {"torch"}
+
+
+def test_the_dtype_probe_counts_the_upcast_only_where_a_job_would_take_it(monkeypatch):
+    """A prefill the upcast runs within a near-tie of torch's is charged at torch's time, as a job runs it."""
+    from specbench.models import loading
+
+    def medians(upcast: float):
+        def timed(runs, repeats):
+            return {key: {"torch": 1.0, "upcast": upcast}.get(key[2], 1.0) for key in runs}
+
+        return timed
+
+    monkeypatch.setattr(loading, "prepack_supported", lambda: False)
+    for upcast, charged in ((0.95, 1.0), (0.5, 0.5)):
+        monkeypatch.setattr(loading, "interleaved_medians", medians(upcast))
+        seconds = loading.time_cpu_dtypes(repeats=1)
+        assert seconds["bfloat16"]["prefill"] == pytest.approx(
+            charged * (loading.PROBE_GAMMA + 1) / loading.PROBE_PREFILL_ROWS
+        )
 
 
 def test_gemv_rows_is_a_probed_row_count():

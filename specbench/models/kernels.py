@@ -165,6 +165,9 @@ def pick_own_rows(timings: dict) -> int:
 
 
 WIDE_ROWS = 64  # a prompt chunk: the rows at which `upcast_wide` times the kernels past the gemv's
+# The upcast widens the whole weight per call, which pays over a prompt's rows, not a decode step's or a verify's
+# (on the AVX2-only path it was 2.1x faster than torch's bf16 linear at 16 rows: analysis/prefill_upcast_cpu_amx_avx2_only/).
+UPCAST_MIN_ROWS = 16
 
 
 @functools.cache
@@ -199,13 +202,15 @@ class CpuLinear(nn.Linear):
     """An nn.Linear (same parameters, so ties, quantizers and state dicts see no difference) whose bf16
     CPU forward takes specbench's bf16 kernel up to `own_rows` rows (also inside a `torch.compile` trace),
     else ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them; where oneDNN cannot
-    prepack bf16, torch's bf16 linear or, where `upcast_wide` measured it faster, the weight widened to float32.
+    prepack bf16, torch's bf16 linear or, from `UPCAST_MIN_ROWS` rows where `upcast_wide` measured it faster, the
+    weight widened to float32.
 
     Anything else (another dtype or device, autograd, a `torch.compile` trace past `own_rows`, which
     inductor prepacks on its own) runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
     its own on first use, since `__getstate__` leaves it out: opaque oneDNN tensors cannot be copied)."""
 
     isa = cpu_bf16.AUTO  # the own kernel's path (`cpu_bf16.isa_path`); a side-by-side comparison sets another
+    upcast_wide = False  # measured per shape by `tune_cpu_linears` where oneDNN cannot prepack bf16
 
     def __init__(self, linear: nn.Linear, gemv_rows: int = 1, own_rows: int = 0) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate and initialise a weight
@@ -218,7 +223,6 @@ class CpuLinear(nn.Linear):
         if own_rows and not cpu_bf16.available():
             raise ValueError(f"CpuLinear own_rows={own_rows}: specbench's bf16 kernel is not built here; allowed: 0")
         self.own_rows = min(own_rows, cpu_bf16.MAX_ROWS)  # measured per shape by `tune_cpu_linears`
-        self.upcast_wide = False  # measured per shape by `tune_cpu_linears` where oneDNN cannot prepack
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -265,7 +269,7 @@ class CpuLinear(nn.Linear):
             return self.gemv(x)
         if self.can_prepack:
             return self.prepacked(x)
-        return self.upcast(x) if self.upcast_wide else self.torch_default(x)
+        return self.upcast(x) if self.upcast_wide and rows >= UPCAST_MIN_ROWS else self.torch_default(x)
 
 
 def tune_cpu_linears(model: nn.Module) -> dict[str, int]:

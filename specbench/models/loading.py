@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from specbench.config.components import DTYPES as DTYPE_NAMES
 from specbench.models import choices, cpu_bf16
 from specbench.models.choices import default_cache_dir  # noqa: F401 - specbench's cache folder, used from here
-from specbench.models.kernels import CpuLinear, clearly_faster, interleaved_medians, prepack_supported
+from specbench.models.kernels import CpuLinear, clearly_faster, interleaved_medians, pick_wide, prepack_supported
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -109,7 +109,9 @@ def time_cpu_dtypes(draft_weights: str | None = None, cpu_linear: str = "tuned",
     with torch.inference_mode():  # the first pass warms up: not recorded
         median = interleaved_medians(runs, repeats)
     seconds: dict[str, dict[str, float]] = {name: {} for name in names}
-    for (name, part, _kernel), t in median.items():  # a part's kernel is the faster of those timed
+    for (name, part, kernel), t in median.items():  # a part's kernel is the faster of those timed
+        if kernel == "upcast" and not pick_wide({"upcast": t, "torch": median[(name, part, "torch")]}):
+            continue  # a job widens only where that is clearly faster (`CpuLinear.upcast_wide`)
         seconds[name][part] = min(t, seconds[name].get(part, t))
     for parts in seconds.values():
         parts["prefill"] *= (PROBE_GAMMA + 1) / PROBE_PREFILL_ROWS
