@@ -7,6 +7,8 @@ import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: no hub, no retries
+# The suite's auto choices (timed at 1 thread, beside other tests) in a cache file of their own, also in subprocesses.
+os.environ["SPECBENCH_CHOICES_SCOPE"] = "tests"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

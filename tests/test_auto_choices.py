@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import eager_cli
 
+from specbench.models import choices
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Every auto choice that times kernels, as a job makes them; with NO_TIMING=1 every timer raises first.
@@ -146,3 +148,11 @@ def test_a_job_records_its_auto_choices(tmp_path):
 
     kind = record["draft_kind"]  # draft.kind=auto is a lookup on the CPU class: recorded, no timing
     assert kind == {"kind": "w8a16", "auto": resolve_kind("auto", "cpu"), "cpu_class": draft_class("cpu", "auto")}
+
+
+def test_the_suites_choices_are_kept_apart_from_a_users(monkeypatch):
+    """Choices timed by the suite (1 thread, beside other tests) went into the file a user's 1-thread job reads."""
+    assert choices.machine_key()["switches"]["SPECBENCH_CHOICES_SCOPE"] == "tests"
+    suite = choices.cache_file()
+    monkeypatch.delenv("SPECBENCH_CHOICES_SCOPE")
+    assert choices.cache_file() != suite and choices.cache_file().parent == suite.parent

@@ -7,7 +7,7 @@ failed on a busy machine). So each is timed once, by the first process that need
 choice are written to `<specbench cache>/choices/<key>.json`; every later process reads them there.
 
 The key is what changes the timings: the CPU (model and ISA flags), torch's version and threads, the
-kernel switches (ATEN_CPU_CAPABILITY, SPECBENCH_CPU_MATVEC) and a hash of specbench's kernel and probe
+kernel switches (ATEN_CPU_CAPABILITY, SPECBENCH_CPU_MATVEC), a scope (SPECBENCH_CHOICES_SCOPE: the tests') and a hash of specbench's kernel and probe
 sources. Delete the file (or set SPECBENCH_CACHE elsewhere) to time again. The decision rules themselves
 are pure functions of the timings (`loading.pick_dtype`, `kernels.pick_gemv_rows`, `quant.pick_kernel_rows`),
 tested on given numbers.
@@ -45,7 +45,9 @@ SOURCES = (
     "loading.py",
     "choices.py",
 )
-SWITCHES = ("ATEN_CPU_CAPABILITY", "SPECBENCH_CPU_MATVEC")
+# SPECBENCH_CHOICES_SCOPE keeps a label's choices apart: the test suite sets "tests", so choices timed at 1 thread
+# beside other tests never become a user's 1-thread job's.
+SWITCHES = ("ATEN_CPU_CAPABILITY", "SPECBENCH_CPU_MATVEC", "SPECBENCH_CHOICES_SCOPE")
 _used: dict[str, dict] = {}  # this process's choices: name -> {"chosen", "timings", "from"}
 _thread_lock = threading.RLock()
 _depth = 0  # how many `_locked` blocks this process is in (the file lock is taken at the outermost)
