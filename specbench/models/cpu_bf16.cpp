@@ -124,6 +124,43 @@ void rows_avx2(const float* x, const uint16_t* w, int64_t K, int64_t begin, int6
   }
 }
 
+// AVX2, 2 to 6 activation rows: two weight rows a pass, so each activation load feeds two FMAs (R x 2 sums, 2
+// weights and 1 activation fit the 16 ymm registers up to R = 6); an odd last row takes `rows_avx2`.
+template <int R, typename Out>
+void row_pairs_avx2(const float* x, const uint16_t* w, int64_t K, int64_t begin, int64_t end, int64_t N, Out* out) {
+  static_assert(R >= 2 && R <= 6, "R x 2 sums + 3 must fit 16 ymm registers");
+  const int64_t K32 = K / 32 * 32;
+  int64_t n = begin;
+  for (; n + 2 <= end; n += 2) {
+    const uint16_t* w0 = w + n * K;
+    const uint16_t* w1 = w0 + K;
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K32; k += 32) {
+      prefetch_l2(w0 + k);
+      prefetch_l2(w1 + k);
+      for (int h = 0; h < 32; h += 8) {
+        const __m256 a = load8_bf16(w0 + k + h), b = load8_bf16(w1 + k + h);
+        for (int r = 0; r < R; ++r) {
+          const __m256 xv = _mm256_loadu_ps(x + r * K + k + h);
+          acc[r][0] = _mm256_fmadd_ps(a, xv, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(b, xv, acc[r][1]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float s0 = hsum256(acc[r][0]), s1 = hsum256(acc[r][1]);
+      for (int64_t k = K32; k < K; ++k) {
+        s0 += bf16_value(w0[k]) * x[r * K + k];
+        s1 += bf16_value(w1[k]) * x[r * K + k];
+      }
+      out[r * N + n] = Out(s0);
+      out[r * N + n + 1] = Out(s1);
+    }
+  }
+  if (n < end) rows_avx2<R>(x, w, K, n, end, N, out);
+}
+
 // AVX-512-BF16: R activation rows (bf16, [R, K]) against weight rows [begin, end) of w; fp32 sums of exact
 // products, two independent sums per row to hide vdpbf16ps' latency.
 template <int R, typename Out>
@@ -234,6 +271,8 @@ void run_rows(Isa isa, const float* xf, const uint16_t* xb, const uint16_t* w, i
   at::parallel_for(0, N, GRAIN, [&](int64_t begin, int64_t end) {
     if (isa != AVX2)
       rows_avx512<R>(xb, w, K, begin, end, N, out);
+    else if constexpr (R >= 2 && R <= 6)
+      row_pairs_avx2<R>(xf, w, K, begin, end, N, out);
     else
       rows_avx2<R>(xf, w, K, begin, end, N, out);
   });
