@@ -82,13 +82,19 @@ def gemv_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes
     return choices.cached(name, timings, pick_gemv_rows)[0]
 
 
+def probe_layers(out_features: int, in_features: int, stream_bytes: int) -> list[CpuLinear]:
+    """Random bf16 copies of one shape adding up to `stream_bytes` (at most `MAX_COPIES`), so a probe streams its
+    weights from memory as the model does rather than from cache."""
+    copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
+    return [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
+
+
 def time_gemv_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> dict:
     """{rows: {"gemv": s, "other": s}} up to the first row count where the gemv is not clearly faster. Timed
     over copies of the weight adding up to `stream_bytes` (the model's linear weights, at most `PROBE_BYTES`),
     so that they stream from memory when a decode step's weights would: timed on one cache-resident copy,
     the answer flipped for three of SmolLM2's five shapes."""
-    copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
-    layers = [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
+    layers = probe_layers(out_features, in_features, stream_bytes)
     kernels = {
         "gemv": [m.gemv for m in layers],
         "other": [m.prepacked if prepacked else m.torch_default for m in layers],
@@ -132,8 +138,7 @@ def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes:
 def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> dict:
     """{rows: {"own": s, "gemv": s, "other": s}} up to the first row count where one of torch's kernels is
     clearly faster than specbench's, over weight copies adding up to `stream_bytes` (as `time_gemv_rows`)."""
-    copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
-    layers = [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
+    layers = probe_layers(out_features, in_features, stream_bytes)
     kernels = {
         "own": [m.own for m in layers],
         "gemv": [m.gemv for m in layers],
@@ -184,8 +189,7 @@ def upcast_wide(out_features: int, in_features: int, stream_bytes: int) -> bool:
 def time_wide(out_features: int, in_features: int, stream_bytes: int) -> dict:
     """{"upcast": s, "torch": s}: `WIDE_ROWS` rows through weight copies adding up to `stream_bytes` (as
     `time_gemv_rows`), widened to float32 for the call or in torch's bf16 linear."""
-    copies = min(MAX_COPIES, max(1, -(-stream_bytes // (out_features * in_features * 2))))
-    layers = [CpuLinear(nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)) for _ in range(copies)]
+    layers = probe_layers(out_features, in_features, stream_bytes)
     x = torch.randn(WIDE_ROWS, in_features, dtype=torch.bfloat16)
     with torch.inference_mode():
         return interleaved_medians(
