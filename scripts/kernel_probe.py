@@ -22,12 +22,7 @@ import specbench  # noqa: F401 - caps oneDNN at AVX2 under ATEN_CPU_CAPABILITY=a
 from specbench.models import cpu_bf16
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
-ISAS = {
-    "auto": cpu_bf16.AUTO,
-    "avx2": cpu_bf16.AVX2,
-    "avx512_bf16": cpu_bf16.AVX512_BF16,
-    "amx_bf16": cpu_bf16.AMX_BF16,
-}
+ISAS = {"auto": cpu_bf16.AUTO, **{name: isa for isa, name in cpu_bf16.ISA_NAMES.items()}}
 LANES = {"avx2": (8, "FMA"), "avx512_bf16": (32, "vdpbf16ps"), "amx_bf16": (32, "vdpbf16ps-equivalent")}
 
 
@@ -64,20 +59,17 @@ def main() -> None:
                 f()
                 if r:  # the first round warms up
                     times[(threads, what)].append(time.perf_counter() - t0)
-    print(
-        f"path {path}; weights {n_weights / 1e6:.1f} M ({2 * n_weights / 1e6:.0f} MB bf16), {args.rounds} rounds, median ms"
-    )
+    megabytes = 2 * n_weights / 1e6
+    print(f"path {path}; weights {n_weights / 1e6:.1f} M ({megabytes:.0f} MB bf16), {args.rounds} rounds, median ms")
     lanes, instr = LANES[path]
     for (threads, what), ts in times.items():
         ms = statistics.median(ts) * 1e3
         line = f"threads={threads} {what:5s} {ms:7.2f} ms  [{min(ts) * 1e3:.2f}, {max(ts) * 1e3:.2f}]"
         if what == "read":
-            line += f"  {2 * n_weights / ms / 1e6:.1f} GB/s"
+            line += f"  {megabytes / ms:.1f} GB/s"
         else:
             k = int(what[2:])
-            line += (
-                f"  {k * n_weights / lanes / (ms * 1e6):.2f} {instr}/ns  {2 * n_weights / ms / 1e6:.1f} GB/s of weights"
-            )
+            line += f"  {k * n_weights / lanes / (ms * 1e6):.2f} {instr}/ns  {megabytes / ms:.1f} GB/s of weights"
         print(line)
 
 

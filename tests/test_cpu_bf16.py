@@ -34,9 +34,9 @@ def _isa_param(isa: int):
 @pytest.mark.parametrize("isa", [_isa_param(i) for i in ISAS])
 @pytest.mark.parametrize("shape", [(96, 64), (37, 70), (5, 33), (19, 88), (300, 576), (64, 1536), (530, 96)])
 def test_matvec_equals_an_fp32_reference(isa, shape):
-    """Rows 1..9 (9 = one pass of 8 and one of 1; 2..6 two weight rows a pass on AVX2), odd K (masked / scalar tails), odd N (a weight row alone); on AMX
-    blocks of 16 weight rows from 512 rows (530: 33 blocks and 2 rows on AVX-512; the rest, or K not a multiple of
-    32, all on AVX-512); K = 88: 24 past the last 32."""
+    """Rows 1..9 (9 = one pass of 8 and one of 1; 2..6 two weight rows a pass on AVX2), odd K (masked / scalar
+    tails), odd N (a weight row alone); on AMX blocks of 16 weight rows from 512 rows (530: 33 blocks and 2 rows on
+    AVX-512; the rest, or K not a multiple of 32, all on AVX-512); K = 88: 24 past the last 32."""
     n, k = shape
     g = torch.Generator().manual_seed(n * k)
     w = torch.randn(n, k, generator=g).to(torch.bfloat16)

@@ -3,14 +3,15 @@
 `pair.dtype=auto` on CPU (`loading.fastest_cpu_dtype`), the bf16 linears' gemv and own rows and their prompt
 rows' widening (`kernels.gemv_rows`, `own_rows`, `upcast_wide`) and the weight-only layers' kernel rows
 (`quant.kernel_rows`) are decided by timing kernels. Timed anew in every process, a near-even choice flipped
-between jobs of one sweep (and a test comparing two probes failed on a busy machine). So each is timed once, by the first process that needs it, and its timings and
-choice are written to `<specbench cache>/choices/<key>.json`; every later process reads them there.
+between jobs of one sweep (and a test comparing two probes failed on a busy machine). So each is timed once, by
+the first process that needs it, and its timings and choice are written to `<specbench cache>/choices/<key>.json`;
+every later process reads them there.
 
-The key is what changes the timings: the CPU (model and ISA flags), torch's version and threads, the
-kernel switches (ATEN_CPU_CAPABILITY, SPECBENCH_CPU_MATVEC), a scope (SPECBENCH_CHOICES_SCOPE: the tests') and a
-hash of specbench's kernel and probe sources. Delete the file (or set SPECBENCH_CACHE elsewhere) to time again.
-The decision rules themselves are pure functions of the timings (`loading.pick_dtype`, `kernels.pick_gemv_rows`, `quant.pick_kernel_rows`),
-tested on given numbers.
+The key is what changes the timings: the CPU (model and ISA flags), torch's version and threads, the kernel
+switches (ATEN_CPU_CAPABILITY, SPECBENCH_CPU_MATVEC), a scope (SPECBENCH_CHOICES_SCOPE: the tests') and a hash of
+specbench's kernel and probe sources. Delete the file (or set SPECBENCH_CACHE elsewhere) to time again. The
+decision rules themselves are pure functions of the timings (`loading.pick_dtype`, `kernels.pick_gemv_rows`,
+`quant.pick_kernel_rows`), tested on given numbers.
 
 `draft.kind=auto` needs no timing: it is a table lookup on the CPU class (`draft_kinds.resolve_kind`),
 the same in every process of a machine; jobs record it beside these (`record`).

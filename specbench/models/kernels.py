@@ -171,7 +171,8 @@ def pick_own_rows(timings: dict) -> int:
 
 WIDE_ROWS = 64  # a prompt chunk: the rows at which `upcast_wide` times the kernels past the gemv's
 # The upcast widens the whole weight per call, which pays over a prompt's rows, not a decode step's or a verify's
-# (on the AVX2-only path it was 2.1x faster than torch's bf16 linear at 16 rows: analysis/prefill_upcast_cpu_amx_avx2_only/).
+# (on the AVX2-only path it was 2.1x faster than torch's bf16 linear at 16 rows:
+# analysis/prefill_upcast_cpu_amx_avx2_only/).
 UPCAST_MIN_ROWS = 16
 
 
