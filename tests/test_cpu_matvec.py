@@ -423,6 +423,23 @@ def test_cache_attention_is_softmax_attention(b, g, r, d, c, k, masked, dtype, i
     torch.testing.assert_close(got.double(), attention_reference(q, key, value, mask, d**-0.5), rtol=tol, atol=atol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "b,g,r,d,c,k", [(1, 3, 3, 64, 320, 5), (2, 1, 4, 128, 131, 7), (1, 2, 3, 96, 40, 4), (1, 2, 2, 24, 37, 3)]
+)
+def test_cache_attention_avx2_rows_together_equal_each_row_alone(b, g, r, d, c, k, dtype):
+    """The AVX2 form takes a verify's rows of a head together (scores two rows a pass, weighted values three rows
+    and 32 dims a pass) and sums each row in the order it would alone: bit for bit the rows' one-row results."""
+    q, key, value, mask = (x.to(dtype) for x in attention_case(b, g, r, d, c, k))
+    avx2 = cpu_matvec.ATTENTION_AVX2
+    together = cpu_matvec.cache_attention(q, key, value, mask, d**-0.5, avx2)
+    alone = [
+        cpu_matvec.cache_attention(q[:, :, i : i + 1], key, value, mask[:, :, i : i + 1], d**-0.5, avx2)
+        for i in range(k)
+    ]
+    assert torch.equal(together, torch.cat(alone, 1))
+
+
 def test_cache_attention_auto_takes_the_widest_form_the_operands_allow():
     """AMX over AVX-512 BF16 over AVX2, as far as the CPU and torch's kernel level (ATEN_CPU_CAPABILITY) go; AVX2
     for float32 or a head dim the bf16 forms do not take."""

@@ -4,8 +4,9 @@
 // the bf16 forms, AVX-512 BF16 and AMX, are `cpu_attention_bf16.cpp`'s. Compiled, inductor's fused reduction for one
 // row took ~48 us a layer at 320 cached columns in float32 (2 threads, the embedded pair's 3 kv heads x 3 queries x
 // 64) and ~40 in bf16 (analysis/fast_path_one_query_attention_bf16_cpu_amx/), and a verify's bmm + softmax 2.6 ms of
-// a 5-row target step, 1.4 on AMX here (analysis/fast_path_verify_attention_cpu_amx/). Built into the same extension
-// as `cpu_matvec.cpp` (`specbench.models.cpu_matvec.available`).
+// a 5-row target step, 1.4 on AMX here (analysis/fast_path_verify_attention_cpu_amx/). The AVX2 form takes a slice's
+// rows together: 16% shorter than one row at a time at 5 rows, 23% at 7 (analysis/attention_avx2_rows_cpu_avx512/).
+// Built into the same extension as `cpu_matvec.cpp` (`specbench.models.cpu_matvec.available`).
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <ATen/ops/empty.h>
@@ -149,56 +150,104 @@ struct Operands {
   }
 };
 
-// One query row with AVX2 + FMA, s [C] its scratch: four columns a pass, four FMA chains, one horizontal sum for all
-// four.
-template <typename T, typename M>
-void row_avx2(const Operands<T, M>& o, const Row<T, M>& row, float* s) {
+// AVX2 + FMA scores of P query rows (P = 1 or 2; q: their queries, pre-scaled, in float32) at every column, masked,
+// into out[p] [C]: four columns a pass, one FMA chain a row and column over the head dim, one horizontal sum for the
+// four. Each key vector is loaded and converted once for the P rows. `first`: the first pass over the keys, which
+// fetches them (and the values) ahead from memory.
+template <int P, typename T, typename M>
+void scores_avx2(const Operands<T, M>& o, const T* keys, const T* values, const float* const* q, const M* const* mask,
+                 float* const* out, bool first) {
   const int64_t vecs = o.D / 8, k_row = o.k_stride[2], v_row = o.v_stride[2], C = o.C;
-  const auto [query, keys, values, row_mask, out] = row;
-  __m256 qv[MAX_HEAD_DIM / 8];
-  for (int64_t j = 0; j < vecs; ++j) qv[j] = _mm256_mul_ps(load8(query + 8 * j), _mm256_set1_ps(o.scale));
   int64_t c = 0;
   for (; c + 4 <= C; c += 4) {
     const T* k0 = keys + c * k_row;
-    for (int64_t i = 0; i < 4; ++i)  // the cache comes from memory, behind a layer's weights (32 did no better)
-      for (int64_t at = 0; at < o.D * static_cast<int64_t>(sizeof(T)); at += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(k0 + (PREFETCH_COLUMNS + i) * k_row) + at, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS + i) * v_row) + at, _MM_HINT_T1);
-      }
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    if (first)
+      for (int64_t i = 0; i < 4; ++i)  // the cache comes from memory, behind a layer's weights (32 did no better)
+        for (int64_t at = 0; at < o.D * static_cast<int64_t>(sizeof(T)); at += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(k0 + (PREFETCH_COLUMNS + i) * k_row) + at, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(values + (c + PREFETCH_COLUMNS + i) * v_row) + at, _MM_HINT_T1);
+        }
+    __m256 a[P][4];
+    for (int p = 0; p < P; ++p) a[p][0] = a[p][1] = a[p][2] = a[p][3] = _mm256_setzero_ps();
     for (int64_t j = 0; j < vecs; ++j) {
-      a0 = _mm256_fmadd_ps(qv[j], load8(k0 + 8 * j), a0);
-      a1 = _mm256_fmadd_ps(qv[j], load8(k0 + k_row + 8 * j), a1);
-      a2 = _mm256_fmadd_ps(qv[j], load8(k0 + 2 * k_row + 8 * j), a2);
-      a3 = _mm256_fmadd_ps(qv[j], load8(k0 + 3 * k_row + 8 * j), a3);
+      const __m256 k[4] = {load8(k0 + 8 * j), load8(k0 + k_row + 8 * j), load8(k0 + 2 * k_row + 8 * j),
+                           load8(k0 + 3 * k_row + 8 * j)};
+      for (int p = 0; p < P; ++p) {
+        const __m256 qv = _mm256_loadu_ps(q[p] + 8 * j);
+        for (int i = 0; i < 4; ++i) a[p][i] = _mm256_fmadd_ps(qv, k[i], a[p][i]);
+      }
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    __m128 four = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    if (row_mask) four = _mm_add_ps(four, load4(row_mask + c));
-    _mm_storeu_ps(s + c, four);
+    for (int p = 0; p < P; ++p) {
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[p][0], a[p][1]), _mm256_hadd_ps(a[p][2], a[p][3]));
+      __m128 four = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      if (mask[p]) four = _mm_add_ps(four, load4(mask[p] + c));
+      _mm_storeu_ps(out[p] + c, four);
+    }
   }
-  for (; c < C; ++c) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t j = 0; j < vecs; ++j) a = _mm256_fmadd_ps(qv[j], load8(keys + c * k_row + 8 * j), a);
-    s[c] = horizontal_sum(a) + (row_mask ? static_cast<float>(row_mask[c]) : 0.f);
-  }
-  const float total = exponentiate(s, C);
-  __m256 acc[MAX_HEAD_DIM / 8];
-  for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_setzero_ps();
-  for (c = 0; c < C; ++c) {
-    const __m256 w = _mm256_set1_ps(s[c]);
-    const T* v = values + c * v_row;
-    for (int64_t j = 0; j < vecs; ++j) acc[j] = _mm256_fmadd_ps(w, load8(v + 8 * j), acc[j]);
-  }
-  const __m256 inv = _mm256_set1_ps(1.f / total);
-  for (int64_t j = 0; j < vecs; ++j) store8(out + 8 * j, _mm256_mul_ps(acc[j], inv));
+  for (; c < C; ++c)
+    for (int p = 0; p < P; ++p) {
+      __m256 a = _mm256_setzero_ps();
+      for (int64_t j = 0; j < vecs; ++j) a = _mm256_fmadd_ps(_mm256_loadu_ps(q[p] + 8 * j), load8(keys + c * k_row + 8 * j), a);
+      out[p][c] = horizontal_sum(a) + (mask[p] ? static_cast<float>(mask[p][c]) : 0.f);
+    }
 }
 
-// AVX2 rows [j0, j1) of key/value head g of sequence b, one after another (a group's keys and values in cache after
-// its first row), s [C] scratch.
+// out[p][8 d0 ..] = inv[p] Σ_c w[p][c] v[c] for ROWS rows and LANES vectors of 8 dims from vector d0 on: each value
+// vector is loaded and converted once for the ROWS rows (ROWS x LANES sums, LANES values and a weight in 16 ymm).
+template <int ROWS, int LANES, typename T>
+void values_avx2(const T* values, int64_t v_row, int64_t C, int64_t d0, const float* const* w, const float* inv,
+                 T* const* out) {
+  __m256 acc[ROWS][LANES];
+  for (int r = 0; r < ROWS; ++r)
+    for (int l = 0; l < LANES; ++l) acc[r][l] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; ++c) {
+    __m256 v[LANES];
+    for (int l = 0; l < LANES; ++l) v[l] = load8(values + c * v_row + 8 * (d0 + l));
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 wr = _mm256_set1_ps(w[r][c]);
+      for (int l = 0; l < LANES; ++l) acc[r][l] = _mm256_fmadd_ps(wr, v[l], acc[r][l]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int l = 0; l < LANES; ++l) store8(out[r] + 8 * (d0 + l), _mm256_mul_ps(acc[r][l], _mm256_set1_ps(inv[r])));
+}
+
+// AVX2 + FMA rows [j0, j1) of key/value head g of sequence b, together (a verify's R·K rows of a head read each key
+// and value once for several rows, not once a row): scores two rows at a time, weighted values three rows and 32
+// dims at a time. Every sum runs in the order a row alone would run it, so a row's result does not depend on the
+// rows beside it. s [n (C + 1)] scratch.
 template <typename T, typename M>
 void rows_avx2(const Operands<T, M>& o, int64_t b, int64_t g, int64_t j0, int64_t j1, float* s) {
-  for (int64_t j = j0; j < j1; ++j) row_avx2(o, o.row(b, g, j), s);
+  constexpr int VALUE_ROWS = 3, VALUE_LANES = 4;
+  const int64_t n = j1 - j0, vecs = o.D / 8, C = o.C;
+  alignas(32) float q[MAX_SLICE][MAX_HEAD_DIM];
+  const float* qs[MAX_SLICE];
+  const M* mask[MAX_SLICE];
+  float* scores[MAX_SLICE];
+  T* out[MAX_SLICE];
+  for (int64_t r = 0; r < n; ++r) {
+    const Row<T, M> row = o.row(b, g, j0 + r);
+    for (int64_t j = 0; j < vecs; ++j)
+      _mm256_store_ps(q[r] + 8 * j, _mm256_mul_ps(load8(row.q + 8 * j), _mm256_set1_ps(o.scale)));
+    qs[r] = q[r], mask[r] = row.mask, scores[r] = s + r * C, out[r] = row.out;
+  }
+  const Row<T, M> head = o.row(b, g, j0);  // the head's keys and values, every row's
+  int64_t r = 0;
+  for (; r + 2 <= n; r += 2) scores_avx2<2>(o, head.keys, head.values, qs + r, mask + r, scores + r, r == 0);
+  if (r < n) scores_avx2<1>(o, head.keys, head.values, qs + r, mask + r, scores + r, r == 0);
+  float* inv = s + n * C;
+  for (r = 0; r < n; ++r) inv[r] = 1.f / exponentiate(scores[r], C);
+  using Values = void (*)(const T*, int64_t, int64_t, int64_t, const float* const*, const float*, T* const*);
+  constexpr Values forms[VALUE_ROWS][VALUE_LANES] = {
+      {values_avx2<1, 1, T>, values_avx2<1, 2, T>, values_avx2<1, 3, T>, values_avx2<1, 4, T>},
+      {values_avx2<2, 1, T>, values_avx2<2, 2, T>, values_avx2<2, 3, T>, values_avx2<2, 4, T>},
+      {values_avx2<3, 1, T>, values_avx2<3, 2, T>, values_avx2<3, 3, T>, values_avx2<3, 4, T>}};
+  for (r = 0; r < n; r += VALUE_ROWS) {
+    const int64_t rows = std::min<int64_t>(VALUE_ROWS, n - r);
+    for (int64_t d0 = 0; d0 < vecs; d0 += VALUE_LANES)
+      forms[rows - 1][std::min<int64_t>(VALUE_LANES, vecs - d0) - 1](head.values, o.v_stride[2], C, d0, scores + r,
+                                                                      inv + r, out + r);
+  }
 }
 
 // bf16 rows [j0, j1) of key/value head g of sequence b, together, on AVX-512 BF16 or AMX (`cpu_attention_bf16.cpp`).
