@@ -68,6 +68,38 @@ def test_stream_sum_is_the_buffers_sum():
         assert abs(cpu_bf16.stream_sum(buf, isa).item() - buf.double().sum().item()) < 1e-4 * buf.numel()
 
 
+def _words_sum(tensors) -> int:
+    total = 0
+    for t in tensors:
+        raw = t.contiguous().view(torch.uint8).flatten()
+        total += int((raw[: raw.numel() // 4 * 4].view(torch.int32).to(torch.int64) & 0xFFFFFFFF).sum())
+    return total % (1 << 32)
+
+
+def test_stream_read_reads_every_word_of_every_tensor_in_place():
+    """The own-weights read probe: any dtype's bytes as 32-bit words, summed mod 2^32 across the tensors laid end
+    to end and split over the threads (a tensor's last nbytes % 4 bytes left out), on every path and thread count."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = [
+        torch.randint(-128, 128, (1000, 77), dtype=torch.int8, generator=gen),  # int8 words: denormal floats
+        torch.randn(333, 5, generator=gen).bfloat16(),
+        torch.randn(100_003, generator=gen),
+        torch.zeros(3, dtype=torch.int8),  # under a word: nothing read
+    ]
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for isa in (cpu_bf16.AUTO, cpu_bf16.AVX2):
+                assert cpu_bf16.stream_read(tensors, isa).item() == _words_sum(tensors)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="stream_read: no tensors to read"):
+        cpu_bf16.stream_read([])
+    with pytest.raises(RuntimeError, match="stream_read: contiguous CPU tensors"):
+        cpu_bf16.stream_read([torch.zeros(8, 8).t()])
+
+
 def test_aten_cpu_capability_avx2_takes_the_avx2_path():
     code = "from specbench.models import cpu_bf16; cpu_bf16.available(); print(cpu_bf16.isa_path())"
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}

@@ -121,6 +121,10 @@ def test_an_engines_job_and_its_report_sections(tmp_path):
     floors = pd.read_csv(tables / "engines_floors.csv")
     assert list(floors["decoder"]) == ["speculative"]
     assert floors[["E[N]", "C_t1", "C_d per token", "c = C_d/C_t1", "ideal at matvec floors"]].notna().all().all()
+    from specbench.models import cpu_bf16
+
+    if cpu_bf16.available():  # the job read each model's own weights too
+        assert floors[["C_t1 ÷ own read floor", "ideal at own read floors"]].notna().all().all()
 
 
 def test_the_engines_sweep_runs_every_engine_with_its_baseline_in_one_job():

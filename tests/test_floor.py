@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 import torch
 from conftest import tiny_llama
 from synthetic import synthetic_sweep
 
 from specbench.analysis.floor import bandwidth_spread, hardware_limit
-from specbench.bench.microbench import FLOOR_COLUMNS, bench_weight_stream, streamed_weight_bytes
+from specbench.bench.microbench import FLOOR_COLUMNS, bench_weight_stream, streamed_weight_bytes, streamed_weights
 from specbench.models import cpu_bf16
 from specbench.models.quant import quantize_w8a16
 from specbench.report import build_report
@@ -45,6 +46,25 @@ def test_stream_probe_rows():
     assert probes == ({"matvec", "read", "kernel"} if cpu_bf16.available() else {"matvec", "read"})
 
 
+@pytest.mark.skipif(not cpu_bf16.available(), reason="the own-weights read runs on specbench's CPU kernels")
+def test_stream_probe_reads_each_models_own_weights():
+    """`read_<name>` reads the tensors a step streams where they lie: its bytes are the model's streamed bytes."""
+    target, draft = tiny_llama(0), quantize_w8a16(tiny_llama(0))
+    assert sum(t.numel() * t.element_size() for t in streamed_weights(target)) == streamed_weight_bytes(target)
+    assert streamed_weights(None) == []
+    weights = {"target": streamed_weights(target), "draft": streamed_weights(draft), "none": []}
+    rows = bench_weight_stream(torch.float32, "cpu", probe_bytes=1 << 20, repeats=2, weights=weights)
+    by_probe = {}
+    for r in rows:
+        by_probe.setdefault(r["probe"], []).append(r)
+    assert list(by_probe) == ["matvec", "read", "read_target", "read_draft"]  # no tensors, no probe
+    words = lambda model: sum(t.numel() * t.element_size() // 4 * 4 for t in streamed_weights(model))
+    assert {r["probe_bytes"] for r in by_probe["read_target"]} == {words(target)}
+    assert {r["probe_bytes"] for r in by_probe["read_draft"]} == {words(draft)}
+    assert {r["probe_bytes"] for r in by_probe["read"]} == {1 << 20}
+    assert all(len(v) == 2 and all(r["t_stream"] > 0 for r in v) for v in by_probe.values())
+
+
 def _timing(**extra) -> pd.DataFrame:
     keys = {"hardware": "cpu:x", "dtype": "bfloat16", "target": "t", "draft": "d", "batch_size": 1}
     return pd.DataFrame([{**keys, "ct1": 0.040, "cd_per_token": 0.024, **extra}])
@@ -57,6 +77,10 @@ def _floor(draft_bytes: int = 135_000_000) -> pd.DataFrame:
     rows = [("matvec", 270_000_000, i, t, 2, 270_000_000, draft_bytes) for i, t in enumerate((0.027, 0.018, 0.020))]
     rows += [("read", 270_000_000, i, t, 2, 270_000_000, draft_bytes) for i, t in enumerate((0.020, 0.010))]
     rows += [("kernel", 270_000_000, 0, 0.015, 2, 270_000_000, draft_bytes)]
+    # each model's own weights where they lie: the target's 270 MB at 15 and 18 GB/s (best 18), the draft's at 27
+    rows += [("read_target", 270_000_000, i, t, 2, 270_000_000, draft_bytes) for i, t in enumerate((0.018, 0.015))]
+    if draft_bytes:
+        rows += [("read_draft", draft_bytes, 0, draft_bytes / 27e9, 2, 270_000_000, draft_bytes)]
     return pd.DataFrame(rows, columns=FLOOR_COLUMNS).assign(**keys)
 
 
@@ -73,12 +97,16 @@ def test_hardware_limit_hand_values():
     assert math.isclose(row["read_bandwidth_median"], 20.25e9)  # the floor takes the best read, not the median
     assert math.isclose(row["ct1_floor_share_read"], 0.25) and math.isclose(row["ct1_floor_share"], 0.5)
     assert math.isclose(row["kernel_bandwidth"], 18e9) and math.isclose(row["ct1_over_floor_kernel"], 0.040 / 0.015)
+    assert math.isclose(row["own_target_bandwidth"], 18e9) and math.isclose(row["target_floor_own"], 0.015)
+    assert math.isclose(row["ct1_over_floor_own"], 0.040 / 0.015) and math.isclose(row["own_draft_bandwidth"], 27e9)
+    assert math.isclose(row["draft_floor_own"], 0.005) and math.isclose(row["cd_over_floor_own"], 4.8)
+    assert math.isclose(row["cd_floor_share_own"], 1 / 4.8)
     spread = bandwidth_spread(_floor()).set_index("probe")
     assert spread.loc["read", "n"] == 2 and math.isclose(spread.loc["read", "bw_min"], 13.5e9)
     assert math.isclose(spread.loc["read", "bw_max"], 27e9) and spread.loc["read", "threads"] == 2
     old = hardware_limit(_timing(), _floor().query("probe == 'matvec'").drop(columns=["probe", "threads"])).iloc[0]
     assert math.isclose(old["ct1_over_floor"], 2.0) and math.isnan(old["ct1_over_floor_read"])  # runs before the probe
-    assert math.isnan(old["ct1_over_floor_kernel"])
+    assert math.isnan(old["ct1_over_floor_kernel"]) and math.isnan(old["ct1_over_floor_own"])
     ngram = hardware_limit(_timing(), _floor(draft_bytes=0)).iloc[0]
     assert math.isnan(ngram["draft_floor"]) and math.isnan(ngram["cd_over_floor"])  # no weights, no floor
     assert hardware_limit(_timing(), None).empty
@@ -91,7 +119,7 @@ def test_report_shows_the_hardware_limit(tmp_path):
     floor = pd.concat([_floor().drop(columns=list(keys.columns)).assign(**k) for k in keys.to_dict("records")])
     res = build_report(s["rounds"], s["requests"], s["ct"], tmp_path, floor=floor)
     md = res["markdown"].read_text()
-    assert "Hardware limit" in md and "C_t1 ÷ floor" in md
+    assert "Hardware limit" in md and "C_t1 ÷ floor" in md and "C_t1 ÷ own read floor" in md
     table = pd.read_csv(tmp_path / "tables" / "hardware_limit.csv")
     assert (table["bandwidth"] == 13.5e9).all()
     plain = build_report(s["rounds"], s["requests"], s["ct"], tmp_path / "plain")

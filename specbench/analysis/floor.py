@@ -9,8 +9,9 @@ from __future__ import annotations
 import pandas as pd
 
 FLOOR_KEYS = ("hardware", "dtype", "target", "draft")  # what a floor row is specific to (not the batch size)
-# probe -> column suffix: `read` is the hardware limit; `matvec` torch's one-row linear; `kernel` specbench's bf16 one
-PROBE_SUFFIX = {"matvec": "", "read": "_read", "kernel": "_kernel"}
+# probe -> column suffix: `read` is the hardware limit; `matvec` torch's one-row linear; `kernel` specbench's bf16 one;
+# `own`: the read over each model's own weights where they lie (`read_target`, `read_draft`)
+PROBE_SUFFIX = {"matvec": "", "read": "_read", "kernel": "_kernel", "own": "_own"}
 
 
 def bandwidth_spread(floor: pd.DataFrame) -> pd.DataFrame:
@@ -37,7 +38,10 @@ def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataF
     repeat, the hardware limit (`*_read` columns; `read_bandwidth_median` beside it; NaN for rows of older
     runs that lack the probe); `matvec` (the library's own k = 1 linear, median: what a step could reach
     with that kernel; `target_floor`, `ct1_over_floor`, ...); `kernel` (specbench's bf16 one-row kernel,
-    median; `*_kernel`, NaN where not run). `*_share` = floor ÷ cost: the share of the floor reached (1 = at
+    median; `*_kernel`, NaN where not run); `own` (the read probe over each model's own weights where they lie, at
+    the best repeat: the target's floor at `read_target`'s rate, the draft's at `read_draft`'s; `*_own`, NaN where
+    not run), the floor of this process's step when the model's pages read slower or faster than a fresh
+    buffer's. `*_share` = floor ÷ cost: the share of the floor reached (1 = at
     it). They count weight reads only (KV-cache reads and activations come on top), so a ratio near 1 means
     the step is memory-bound at that rate; far above 1, overhead- or kernel-bound. Empty without floor rows."""
     if floor is None or floor.empty or timing.empty:
@@ -55,6 +59,8 @@ def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataF
         "read_bandwidth": ("read", "max"),
         "read_bandwidth_median": ("read", "median"),
         "kernel_bandwidth": ("kernel", "median"),
+        "own_target_bandwidth": ("read_target", "max"),
+        "own_draft_bandwidth": ("read_draft", "max"),
     }
     for column, (probe, how) in rates.items():
         rate = probes[probes["probe"] == probe].groupby(keys, dropna=False)["bandwidth"].agg(how).rename(column)
@@ -63,9 +69,10 @@ def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataF
         bw, on=keys, how="inner"
     )
     has_draft = out["draft_weight_bytes"] > 0
-    for suffix, column in (("", "bandwidth"), ("_read", "read_bandwidth"), ("_kernel", "kernel_bandwidth")):
-        out[f"target_floor{suffix}"] = out["target_weight_bytes"] / out[column]
-        out[f"draft_floor{suffix}"] = (out["draft_weight_bytes"] / out[column]).where(has_draft)
+    floors = [(s, c, c) for s, c in (("", "bandwidth"), ("_read", "read_bandwidth"), ("_kernel", "kernel_bandwidth"))]
+    for suffix, target_rate, draft_rate in [*floors, ("_own", "own_target_bandwidth", "own_draft_bandwidth")]:
+        out[f"target_floor{suffix}"] = out["target_weight_bytes"] / out[target_rate]
+        out[f"draft_floor{suffix}"] = (out["draft_weight_bytes"] / out[draft_rate]).where(has_draft)
         out[f"ct1_over_floor{suffix}"] = out["ct1"] / out[f"target_floor{suffix}"]
         out[f"cd_over_floor{suffix}"] = out["cd_per_token"] / out[f"draft_floor{suffix}"]
         out[f"ct1_floor_share{suffix}"] = 1 / out[f"ct1_over_floor{suffix}"]

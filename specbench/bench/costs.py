@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from specbench.bench.microbench import bench_target_forward, bench_weight_stream, streamed_weight_bytes
+from specbench.bench.microbench import (
+    bench_target_forward,
+    bench_weight_stream,
+    streamed_weight_bytes,
+    streamed_weights,
+)
 from specbench.decoding.forward import target_ks
 from specbench.models.pair import Pair
 
@@ -33,7 +38,8 @@ def bench_ct(cfg: Config, pair: Pair, keys: dict, prompts: list, ks: range) -> p
 def bench_floor(pair: Pair, keys: dict) -> pd.DataFrame:
     """Streaming-bandwidth probe rows with the target's and the draft's weight bytes (the hardware
     floor of a decode step: `specbench.analysis.floor.hardware_limit`), labelled with `CT_KEYS` + draft."""
-    floor = pd.DataFrame(bench_weight_stream(pair.target.dtype, pair.target.device))
+    own = {"target": streamed_weights(pair.target), "draft": streamed_weights(pair.draft_model)}
+    floor = pd.DataFrame(bench_weight_stream(pair.target.dtype, pair.target.device, weights=own))
     floor["target_weight_bytes"] = streamed_weight_bytes(pair.target)
     floor["draft_weight_bytes"] = streamed_weight_bytes(pair.draft_model)
     for k in (*CT_KEYS, "draft"):

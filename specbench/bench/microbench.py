@@ -12,6 +12,7 @@ limit), and at the rate of the one-row linear a library runs (what that kernel c
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -70,22 +71,32 @@ def bench_target_forward(
     ]
 
 
-def streamed_weight_bytes(model: nn.Module | None) -> int:
-    """Bytes of weights one decode step reads: every parameter and buffer once (tied tensors once),
-    except an input embedding that is not also the output head (a lookup reads one row per token).
-    0 for no model (n-gram lookup)."""
+def streamed_weights(model: nn.Module | None) -> list[torch.Tensor]:
+    """The tensors one decode step reads: every parameter and buffer once (tied tensors once), except an input
+    embedding that is not also the output head (a lookup reads one row per token). None for no model (n-gram
+    lookup)."""
     if model is None:
-        return 0
-    sizes = {t.data_ptr(): t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers())}
+        return []
+    tensors = {t.data_ptr(): t for t in itertools.chain(model.parameters(), model.buffers())}
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     head_weight = getattr(head, "weight", None)  # a quantized head (Int4Linear) has no float weight
     if emb is not None and (head_weight is None or head_weight.data_ptr() != emb.weight.data_ptr()):
-        sizes.pop(emb.weight.data_ptr(), None)
-    return int(sum(sizes.values()))
+        tensors.pop(emb.weight.data_ptr(), None)
+    return list(tensors.values())
+
+
+def streamed_weight_bytes(model: nn.Module | None) -> int:
+    """Bytes of the weights one decode step reads (`streamed_weights`); 0 for no model (n-gram lookup)."""
+    return int(sum(t.numel() * t.element_size() for t in streamed_weights(model)))
 
 
 def bench_weight_stream(
-    dtype: torch.dtype, device: torch.device | str, probe_bytes: int | None = None, repeats: int = 7, hidden: int = 2048
+    dtype: torch.dtype,
+    device: torch.device | str,
+    probe_bytes: int | None = None,
+    repeats: int = 7,
+    hidden: int = 2048,
+    weights: Mapping[str, Sequence[torch.Tensor]] | None = None,
 ) -> list[dict]:
     """Rows (probe, probe_bytes, repeat, t_stream seconds, threads) over a `probe_bytes` matrix (256 MiB on
     CPU, 1 GiB on CUDA: far past the last-level cache), the probes taking turns each repeat so a busy
@@ -93,7 +104,10 @@ def bench_weight_stream(
     the library (torch's one-row kernel); `read`, a sum over the same bytes (how fast this machine reads them
     at all: no kernel can do better; on CPU specbench's own wide-load sum split across all of torch's threads,
     `cpu_bf16.stream_sum`, elsewhere torch's sum); and on CPU in bf16 with specbench's kernels built, `kernel`,
-    the same linear through specbench's bf16 kernel (`cpu_bf16.bf16_matvec`)."""
+    the same linear through specbench's bf16 kernel (`cpu_bf16.bf16_matvec`). On CPU with the kernels built, per
+    entry of `weights` (name -> a model's `streamed_weights`), `read_<name>`: the same read over those tensors
+    where they lie (`cpu_bf16.stream_read`; its probe_bytes their bytes). A buffer's pages can read at another
+    rate than the model's (analysis/read_floor_own_weights_cpu_avx512/): this is the floor of that model's step."""
     device = torch.device(device)
     probe_bytes = probe_bytes or (1 << 30 if device.type == "cuda" else 256 << 20)
     element = torch.empty((), dtype=dtype).element_size()
@@ -110,6 +124,12 @@ def bench_weight_stream(
     }
     if own and dtype == torch.bfloat16:
         probes["kernel"] = lambda: cpu_bf16.bf16_matvec(x, weight)
+    nbytes = dict.fromkeys(probes, weight.numel() * element)
+    for name, tensors in (weights or {}).items() if own else ():
+        tensors = [t for t in tensors if t.device.type == "cpu" and t.is_contiguous()]
+        if tensors:
+            probes[f"read_{name}"] = lambda tensors=tensors: cpu_bf16.stream_read(tensors)
+            nbytes[f"read_{name}"] = sum(t.numel() * t.element_size() // 4 * 4 for t in tensors)
     timer = PhaseTimer(device)
     for run in probes.values():
         run()  # first call pays one-off costs; not recorded
@@ -120,9 +140,9 @@ def bench_weight_stream(
             run()
             marks.append((probe, repeat, start, timer.mark()))
     seconds = timer.resolve()
-    nbytes, threads = weight.numel() * element, torch.get_num_threads()
+    threads = torch.get_num_threads()
     rows = [
-        {"probe": p, "probe_bytes": nbytes, "repeat": r, "t_stream": seconds[e] - seconds[s], "threads": threads}
+        {"probe": p, "probe_bytes": nbytes[p], "repeat": r, "t_stream": seconds[e] - seconds[s], "threads": threads}
         for p, r, s, e in marks
     ]
     return sorted(rows, key=lambda row: (list(probes).index(row["probe"]), row["repeat"]))

@@ -1,5 +1,5 @@
 // bf16 weights streamed once per step for a few activation rows (a decode step: 1 row; a verify: gamma + 1), and
-// the read-bandwidth probe: a plain sum of a buffer. Both split their bytes across all of torch's threads
+// the read-bandwidth probes: a plain sum of a buffer, or of tensors where they lie (`stream_read`). All split their bytes across all of torch's threads
 // (at::parallel_for), each thread reading one contiguous run, the way ggml's mul_mat splits weight rows.
 // ISA paths, picked per call: AMX (passes of 2+ activation rows as tile products), AVX-512-BF16 (vdpbf16ps: bf16 x
 // bf16 products summed in fp32) and AVX2 + FMA
@@ -369,6 +369,72 @@ at::Tensor stream_sum(const at::Tensor& buffer, int64_t isa_arg) {
   return at::scalar_tensor(s, buffer.options());
 }
 
+// The read probe over tensors in place (a model's own weights, where they lie in memory): their bytes as 32-bit
+// words, summed as integers (any bits: no float special cases or denormal assists), split evenly across all threads
+// across the tensors' bytes, one parallel region for all of them; a tensor's last nbytes % 4 bytes are left out.
+// Returns the words' sum mod 2^32, so the reads cannot be optimised away.
+uint32_t words_avx2(const uint32_t* p, int64_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_epi32(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi32(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+    a2 = _mm256_add_epi32(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 16)));
+    a3 = _mm256_add_epi32(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 24)));
+  }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)));
+  uint32_t s = 0;
+  for (uint32_t v : lanes) s += v;
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+__attribute__((target("avx512f"))) uint32_t words_avx512(const uint32_t* p, int64_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_epi32(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_add_epi32(a1, _mm512_loadu_si512(p + i + 16));
+    a2 = _mm512_add_epi32(a2, _mm512_loadu_si512(p + i + 32));
+    a3 = _mm512_add_epi32(a3, _mm512_loadu_si512(p + i + 48));
+  }
+  const uint32_t s = static_cast<uint32_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3))));
+  return s + words_avx2(p + i, n - i);
+}
+
+at::Tensor stream_read(at::TensorList buffers, int64_t isa_arg) {
+  const Isa isa = resolve(isa_arg);
+  std::vector<std::pair<const uint32_t*, int64_t>> spans;  // (words, count), in order
+  int64_t total = 0;
+  for (const at::Tensor& b : buffers) {
+    TORCH_CHECK(b.device().is_cpu() && b.is_contiguous(), "stream_read: contiguous CPU tensors; got one on ",
+                b.device(), b.is_contiguous() ? "" : ", not contiguous");
+    const int64_t words = b.numel() * static_cast<int64_t>(b.element_size()) / 4;
+    if (words == 0) continue;
+    spans.emplace_back(static_cast<const uint32_t*>(b.const_data_ptr()), words);
+    total += words;
+  }
+  const int threads = at::get_num_threads();
+  std::vector<uint32_t> partial(threads, 0u);
+  const int64_t chunk = (total + threads - 1) / std::max(threads, 1);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t lo = std::min(total, t * chunk), hi = std::min(total, lo + chunk), at = 0;
+      for (const auto& [p, n] : spans) {  // this thread's words [lo, hi) of the tensors laid end to end
+        const int64_t from = std::max(lo, at), to = std::min(hi, at + n);
+        if (from < to)
+          partial[t] += isa != AVX2 ? words_avx512(p + (from - at), to - from) : words_avx2(p + (from - at), to - from);
+        at += n;
+        if (at >= hi) break;
+      }
+    }
+  });
+  uint32_t s = 0;
+  for (uint32_t v : partial) s += v;
+  return at::scalar_tensor(static_cast<int64_t>(s), at::TensorOptions().dtype(at::kLong));
+}
+
 int64_t bf16_isa(int64_t isa) { return resolve(isa); }
 
 }  // namespace
@@ -376,10 +442,12 @@ int64_t bf16_isa(int64_t isa) { return resolve(isa); }
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("bf16_matvec(Tensor x, Tensor weight, Tensor? bias, int isa=0) -> Tensor");
   m.def("stream_sum(Tensor buffer, int isa=0) -> Tensor");
+  m.def("stream_read(Tensor[] buffers, int isa=0) -> Tensor");
   m.def("bf16_isa(int isa=0) -> int", &bf16_isa);
 }
 
 TORCH_LIBRARY_IMPL(specbench, CPU, m) {
   m.impl("bf16_matvec", &bf16_matvec);
   m.impl("stream_sum", &stream_sum);
+  m.impl("stream_read", &stream_read);
 }

@@ -1,5 +1,6 @@
 """specbench's bf16 weight kernels (`cpu_bf16.cpp`): a product of a few activation rows with a bf16 weight that
-streams it once, split across all threads, and the read-bandwidth probe (`stream_sum`).
+streams it once, split across all threads, and the read-bandwidth probes (`stream_sum` over a buffer of its own,
+`stream_read` over tensors where they lie: a model's weights).
 
 Built into the extension of `cpu_matvec` (its `available()` builds and loads them); this module registers their
 shapes for `torch.compile` and picks the ISA path. The AVX-512-BF16 path (vdpbf16ps) runs where the CPU has it and
@@ -9,6 +10,7 @@ torch's own kernel level is AVX-512; ATEN_CPU_CAPABILITY=avx2, or `isa=AVX2`, ta
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 
@@ -26,6 +28,9 @@ def available() -> bool:
         return False
     torch.library.register_fake("specbench::bf16_matvec")(_matvec_shape)
     torch.library.register_fake("specbench::stream_sum")(lambda buffer, isa=AUTO: buffer.new_empty(()))
+    torch.library.register_fake("specbench::stream_read")(
+        lambda buffers, isa=AUTO: buffers[0].new_empty((), dtype=torch.int64)
+    )
     return True
 
 
@@ -57,3 +62,13 @@ def bf16_matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def stream_sum(buffer: torch.Tensor, isa: int = AUTO) -> torch.Tensor:
     """The sum of a contiguous float32 buffer, read once with wide loads across all threads: the read probe."""
     return _ops().stream_sum(buffer, isa)
+
+
+def stream_read(tensors: Sequence[torch.Tensor], isa: int = AUTO) -> torch.Tensor:
+    """Reads contiguous CPU tensors where they lie (any dtype: their bytes as 32-bit words, summed as integers mod
+    2^32; a tensor's last nbytes % 4 bytes left out), one parallel region for all, the bytes split evenly across
+    all threads: the read probe over a model's own weights, whose pages may read faster or slower than a fresh
+    buffer's. Returns the int64 checksum."""
+    if not tensors:
+        raise ValueError("stream_read: no tensors to read")
+    return _ops().stream_read(list(tensors), isa)

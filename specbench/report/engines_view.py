@@ -20,7 +20,9 @@ from specbench.report.render import Section
 
 PAIR_ON = ("job", "prompt_id", "repeat")
 PER_PROMPT_ROWS = 60  # a longer per-prompt table goes to tables/ only
-PROBES = (("matvec", ""), ("read", "_read"))  # hardware_limit's two floors and their column suffixes
+# hardware_limit's floors and their column suffixes: the library's one-row linear, the best read of a fresh buffer,
+# and the best read of each model's own weights where they lie
+PROBES = (("matvec", ""), ("read", "_read"), ("own read", "_own"))
 
 
 def _order(name: str) -> int:
@@ -201,7 +203,8 @@ def engines_sections(tables: dict) -> list[Section]:
                 text=[
                     "Per timed speculative engine: E[N], C_t1 (the job's plain step), C_d per drafted token and "
                     "c = C_d/C_t1, C_t(d+1) of its verification and the C_o share of a round, beside the weight-"
-                    "streaming floors (weight bytes ÷ the job's matvec and read bandwidths; `Hardware limit`). "
+                    "streaming floors (weight bytes ÷ the job's matvec and read bandwidths, and ÷ the read rate of "
+                    "each model's own weights where they lie; `Hardware limit`). "
                     "Ideal = E[N]·floor_t / (d·floor_d + C_t(d+1)) with d drafted tokens per round: the speedup "
                     "if both models streamed their weights at the floor; the share is the measured median speedup "
                     "over the engine's own baseline ÷ that ideal."
@@ -209,9 +212,11 @@ def engines_sections(tables: dict) -> list[Section]:
                 tables=[
                     (
                         "Costs beside the floors",
-                        _ms(floors).drop(
+                        _ms(floors)
+                        .drop(
                             columns=["job"] if floors.get("job", pd.Series()).nunique() <= 1 and "job" in floors else []
-                        ),
+                        )
+                        .dropna(axis=1, how="all"),  # runs before a probe: no such floor
                     )
                 ],
             )

@@ -66,6 +66,11 @@ def hardware_limit_view(hl: pd.DataFrame) -> pd.DataFrame:
     view["C_d per token ms"] = ms("cd_per_token")
     view["C_d ÷ floor"] = hl["cd_over_floor"].round(2)
     view["C_d ÷ read floor"] = hl["cd_over_floor_read"].round(2)
+    if "own_target_bandwidth" in hl:  # the read over each model's own weights, where it ran
+        view["target's own read GB/s"] = (hl["own_target_bandwidth"] / 1e9).round(1)
+        view["C_t1 ÷ own read floor"] = hl["ct1_over_floor_own"].round(2)
+        view["draft's own read GB/s"] = (hl["own_draft_bandwidth"] / 1e9).round(1)
+        view["C_d ÷ own read floor"] = hl["cd_over_floor_own"].round(2)
     return drop_constant_keys(view.dropna(axis=1, how="all"))
 
 
@@ -182,7 +187,9 @@ def build_sections(d: ReportData, save, deploy_links: list[str] = ()) -> tuple[l
             "linearly beyond; C_o = median per γ (linear fit for untried γ); C_t1 = median AR time per token. "
             "Hardware limit: a decode step reads every weight once, so weight bytes ÷ the streaming bandwidth "
             "measured in the job (one k = 1 linear over a 256 MiB matrix) is the floor under C_t1 and under one "
-            "draft step (weights only: KV-cache reads come on top); ratios far above 1 mean overhead, not memory."
+            "draft step (weights only: KV-cache reads come on top); ratios far above 1 mean overhead, not memory. "
+            "The own read floors divide each model's weight bytes by the best read of those weights where they "
+            "lie: a fresh buffer's pages can read faster or slower than the model's."
         ],
     )
     if d.has_spec:
