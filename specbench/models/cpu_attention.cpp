@@ -5,7 +5,7 @@
 // row took ~48 us a layer at 320 cached columns in float32 (2 threads, the embedded pair's 3 kv heads x 3 queries x
 // 64) and ~40 in bf16 (analysis/fast_path_one_query_attention_bf16_cpu_amx/), and a verify's bmm + softmax 2.6 ms of
 // a 5-row target step, 1.4 on AMX here (analysis/fast_path_verify_attention_cpu_amx/). The AVX2 form takes a slice's
-// rows together: 16% shorter than one row at a time at 5 rows, 23% at 7 (analysis/attention_avx2_rows_cpu_avx512/).
+// rows together: ~17% shorter than one row at a time at 5 rows, ~22% at 7 (analysis/attention_avx2_rows_cpu_avx512/).
 // Built into the same extension as `cpu_matvec.cpp` (`specbench.models.cpu_matvec.available`).
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
