@@ -73,7 +73,7 @@ def bench_target_forward(
 
 def streamed_weights(model: nn.Module | None) -> list[torch.Tensor]:
     """The tensors one decode step reads: every parameter and buffer once (tied tensors once), except an input
-    embedding that is not also the output head (a lookup reads one row per token). None for no model (n-gram
+    embedding that is not also the output head (a lookup reads one row per token). Empty for no model (n-gram
     lookup)."""
     if model is None:
         return []
