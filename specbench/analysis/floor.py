@@ -40,8 +40,9 @@ def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataF
     with that kernel; `target_floor`, `ct1_over_floor`, ...); `kernel` (specbench's bf16 one-row kernel,
     median; `*_kernel`, NaN where not run); `own` (the read probe over each model's own weights where they lie, at
     the best repeat: the target's floor at `read_target`'s rate, the draft's at `read_draft`'s; `*_own`, NaN where
-    not run), the floor of this process's step when the model's pages read slower or faster than a fresh
-    buffer's. `*_share` = floor ÷ cost: the share of the floor reached (1 = at
+    not run): the rate of the model's own parameter pages, which can read slower or faster than a fresh buffer's.
+    A compiled step reads its fused q/k/v and gate/up weights from copies made at compile time, so it can come in
+    under this floor. `*_share` = floor ÷ cost: the share of the floor reached (1 = at
     it). They count weight reads only (KV-cache reads and activations come on top), so a ratio near 1 means
     the step is memory-bound at that rate; far above 1, overhead- or kernel-bound. Empty without floor rows."""
     if floor is None or floor.empty or timing.empty:

@@ -188,8 +188,9 @@ def build_sections(d: ReportData, save, deploy_links: list[str] = ()) -> tuple[l
             "Hardware limit: a decode step reads every weight once, so weight bytes ÷ the streaming bandwidth "
             "measured in the job (one k = 1 linear over a 256 MiB matrix) is the floor under C_t1 and under one "
             "draft step (weights only: KV-cache reads come on top); ratios far above 1 mean overhead, not memory. "
-            "The own read floors divide each model's weight bytes by the best read of those weights where they "
-            "lie: a fresh buffer's pages can read faster or slower than the model's."
+            "The own read floors divide each model's weight bytes by the best read of its parameters where they "
+            "lie (a fresh buffer's pages can read faster or slower); a compiled step reads its fused q/k/v and "
+            "gate/up weights from copies made at compile time, so it can come in under this floor."
         ],
     )
     if d.has_spec:
