@@ -187,7 +187,8 @@ void scores_avx2(const Operands<T, M>& o, const T* keys, const T* values, const 
   for (; c < C; ++c)
     for (int p = 0; p < P; ++p) {
       __m256 a = _mm256_setzero_ps();
-      for (int64_t j = 0; j < vecs; ++j) a = _mm256_fmadd_ps(_mm256_loadu_ps(q[p] + 8 * j), load8(keys + c * k_row + 8 * j), a);
+      for (int64_t j = 0; j < vecs; ++j)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q[p] + 8 * j), load8(keys + c * k_row + 8 * j), a);
       out[p][c] = horizontal_sum(a) + (mask[p] ? static_cast<float>(mask[p][c]) : 0.f);
     }
 }

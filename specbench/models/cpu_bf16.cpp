@@ -1,6 +1,7 @@
 // bf16 weights streamed once per step for a few activation rows (a decode step: 1 row; a verify: gamma + 1), and
-// the read-bandwidth probes: a plain sum of a buffer, or of tensors where they lie (`stream_read`). All split their bytes across all of torch's threads
-// (at::parallel_for), each thread reading one contiguous run, the way ggml's mul_mat splits weight rows.
+// the read-bandwidth probes: a plain sum of a buffer, or of tensors where they lie (`stream_read`). All split their
+// bytes across all of torch's threads (at::parallel_for), each thread reading one contiguous run, the way ggml's
+// mul_mat splits weight rows.
 // ISA paths, picked per call: AMX (passes of 2+ activation rows as tile products), AVX-512-BF16 (vdpbf16ps: bf16 x
 // bf16 products summed in fp32) and AVX2 + FMA
 // (bf16 -> fp32 by a 16-bit shift). The AVX-512 functions carry their own target attribute, so the extension is
@@ -383,7 +384,8 @@ uint32_t words_avx2(const uint32_t* p, int64_t n) {
     a3 = _mm256_add_epi32(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 24)));
   }
   alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
   uint32_t s = 0;
   for (uint32_t v : lanes) s += v;
   for (; i < n; ++i) s += p[i];
@@ -399,7 +401,8 @@ __attribute__((target("avx512f"))) uint32_t words_avx512(const uint32_t* p, int6
     a2 = _mm512_add_epi32(a2, _mm512_loadu_si512(p + i + 32));
     a3 = _mm512_add_epi32(a3, _mm512_loadu_si512(p + i + 48));
   }
-  const uint32_t s = static_cast<uint32_t>(_mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3))));
+  const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
+  const uint32_t s = static_cast<uint32_t>(_mm512_reduce_add_epi32(sum));
   return s + words_avx2(p + i, n - i);
 }
 
