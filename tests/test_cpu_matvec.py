@@ -429,15 +429,24 @@ def test_cache_attention_is_softmax_attention(b, g, r, d, c, k, masked, dtype, i
 )
 def test_cache_attention_avx2_rows_together_equal_each_row_alone(b, g, r, d, c, k, dtype):
     """The AVX2 form takes a verify's rows of a head together (scores two rows a pass, weighted values three rows
-    and 32 dims a pass) and sums each row in the order it would alone: bit for bit the rows' one-row results."""
+    and 32 dims a pass) and sums each row in the order it would alone: bit for bit each query row's one-row call
+    (one query head of one position against its key/value head). On one thread, so a slice holds all of a head's
+    rows (more threads cut more, smaller slices)."""
     q, key, value, mask = (x.to(dtype) for x in attention_case(b, g, r, d, c, k))
     avx2 = cpu_matvec.ATTENTION_AVX2
-    together = cpu_matvec.cache_attention(q, key, value, mask, d**-0.5, avx2)
-    alone = [
-        cpu_matvec.cache_attention(q[:, :, i : i + 1], key, value, mask[:, :, i : i + 1], d**-0.5, avx2)
-        for i in range(k)
-    ]
-    assert torch.equal(together, torch.cat(alone, 1))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        together = cpu_matvec.cache_attention(q, key, value, mask, d**-0.5, avx2)  # [B, k, H, d]
+        for h in range(g * r):
+            kv = slice(h // r, h // r + 1)
+            for i in range(k):
+                alone = cpu_matvec.cache_attention(
+                    q[:, h : h + 1, i : i + 1], key[:, kv], value[:, kv], mask[:, :, i : i + 1], d**-0.5, avx2
+                )
+                assert torch.equal(together[:, i : i + 1, h : h + 1], alone), (h, i)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_cache_attention_auto_takes_the_widest_form_the_operands_allow():

@@ -124,3 +124,22 @@ def test_report_shows_the_hardware_limit(tmp_path):
     assert (table["bandwidth"] == 13.5e9).all()
     plain = build_report(s["rounds"], s["requests"], s["ct"], tmp_path / "plain")
     assert "C_t1 ÷ floor" not in plain["markdown"].read_text()
+
+
+def test_engines_floor_table_counts_no_draft_floor_where_the_draft_probe_is_missing():
+    """The engines section's ideal at the own read floors: a draft with weights but no `read_draft` row has no such
+    floor (NaN), not a free draft; an n-gram draft (no weights) is free."""
+    from specbench.report.engines_view import floor_table
+
+    rounds = synthetic_sweep(gammas=(2,), alphas={"chat": (0.8, 0.7)}, n_prompts=3, new_tokens=24, seed=5)["rounds"]
+    keys = rounds[["hardware", "dtype", "target", "draft"]].drop_duplicates().iloc[0].to_dict()
+    timing = _timing(**keys)
+    floor = _floor().assign(**keys)
+    full = floor_table(rounds, hardware_limit(timing, floor), pd.DataFrame()).iloc[0]
+    assert math.isfinite(full["ideal at own read floors"]) and math.isfinite(full["C_d ÷ own read floor"])
+    no_draft_probe = hardware_limit(timing, floor.query("probe != 'read_draft'"))
+    row = floor_table(rounds, no_draft_probe, pd.DataFrame()).iloc[0]
+    assert math.isnan(row["ideal at own read floors"]) and math.isnan(row["C_d ÷ own read floor"])
+    assert math.isfinite(row["ideal at read floors"])  # the other floors stand
+    ngram = floor_table(rounds, hardware_limit(timing, _floor(draft_bytes=0).assign(**keys)), pd.DataFrame()).iloc[0]
+    assert math.isfinite(ngram["ideal at own read floors"])  # no weights: the draft costs no floor

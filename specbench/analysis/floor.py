@@ -9,9 +9,6 @@ from __future__ import annotations
 import pandas as pd
 
 FLOOR_KEYS = ("hardware", "dtype", "target", "draft")  # what a floor row is specific to (not the batch size)
-# probe -> column suffix: `read` is the hardware limit; `matvec` torch's one-row linear; `kernel` specbench's bf16 one;
-# `own`: the read over each model's own weights where they lie (`read_target`, `read_draft`)
-PROBE_SUFFIX = {"matvec": "", "read": "_read", "kernel": "_kernel", "own": "_own"}
 
 
 def bandwidth_spread(floor: pd.DataFrame) -> pd.DataFrame:

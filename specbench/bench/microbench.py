@@ -106,7 +106,8 @@ def bench_weight_stream(
     `cpu_bf16.stream_sum`, elsewhere torch's sum); and on CPU in bf16 with specbench's kernels built, `kernel`,
     the same linear through specbench's bf16 kernel (`cpu_bf16.bf16_matvec`). On CPU with the kernels built, per
     entry of `weights` (name -> a model's `streamed_weights`), `read_<name>`: the same read over those tensors
-    where they lie (`cpu_bf16.stream_read`; its probe_bytes their bytes). A buffer's pages can read at another
+    where they lie (`cpu_bf16.stream_read`; its probe_bytes their bytes; tensors off the CPU or not contiguous are
+    left out, and the rate read from the rest stands for them). A buffer's pages can read at another
     rate than the model's (analysis/read_floor_own_weights_cpu_avx512/): this is the floor of that model's step."""
     device = torch.device(device)
     probe_bytes = probe_bytes or (1 << 30 if device.type == "cuda" else 256 << 20)

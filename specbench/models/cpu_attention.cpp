@@ -194,7 +194,8 @@ void scores_avx2(const Operands<T, M>& o, const T* keys, const T* values, const 
 }
 
 // out[p][8 d0 ..] = inv[p] Σ_c w[p][c] v[c] for ROWS rows and LANES vectors of 8 dims from vector d0 on: each value
-// vector is loaded and converted once for the ROWS rows (ROWS x LANES sums, LANES values and a weight in 16 ymm).
+// vector is loaded and converted once for the ROWS rows (at 3 x 4, the 12 sums and 4 values fill the 16 ymm
+// registers and each row's broadcast weight takes one more: the compiler reloads one).
 template <int ROWS, int LANES, typename T>
 void values_avx2(const T* values, int64_t v_row, int64_t C, int64_t d0, const float* const* w, const float* inv,
                  T* const* out) {

@@ -140,7 +140,8 @@ def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.
                 hl = hl[np.logical_and.reduce([hl[k] == v for k, v in keys.items() if k in hl.columns] or [True])]
             for probe, sfx in PROBES:
                 ft = hl[f"target_floor{sfx}"].median() if len(hl) else np.nan
-                fd = hl[f"draft_floor{sfx}"].fillna(0.0).median() if len(hl) else np.nan  # n-gram: no weights
+                # n-gram: no weights, a free draft; a draft with weights but no such probe: no floor
+                fd = hl[f"draft_floor{sfx}"].where(hl["draft_weight_bytes"] > 0, 0.0).median() if len(hl) else np.nan
                 row[f"C_t1 ÷ {probe} floor"] = costs["C_t1"] / ft
                 row[f"C_d ÷ {probe} floor"] = costs["C_d per token"] / fd if fd else np.nan
                 row[f"ideal at {probe} floors"] = (
