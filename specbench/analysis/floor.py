@@ -67,8 +67,12 @@ def hardware_limit(timing: pd.DataFrame, floor: pd.DataFrame | None) -> pd.DataF
         bw, on=keys, how="inner"
     )
     has_draft = out["draft_weight_bytes"] > 0
-    floors = [(s, c, c) for s, c in (("", "bandwidth"), ("_read", "read_bandwidth"), ("_kernel", "kernel_bandwidth"))]
-    for suffix, target_rate, draft_rate in [*floors, ("_own", "own_target_bandwidth", "own_draft_bandwidth")]:
+    for suffix, target_rate, draft_rate in (
+        ("", "bandwidth", "bandwidth"),
+        ("_read", "read_bandwidth", "read_bandwidth"),
+        ("_kernel", "kernel_bandwidth", "kernel_bandwidth"),
+        ("_own", "own_target_bandwidth", "own_draft_bandwidth"),
+    ):
         out[f"target_floor{suffix}"] = out["target_weight_bytes"] / out[target_rate]
         out[f"draft_floor{suffix}"] = (out["draft_weight_bytes"] / out[draft_rate]).where(has_draft)
         out[f"ct1_over_floor{suffix}"] = out["ct1"] / out[f"target_floor{suffix}"]

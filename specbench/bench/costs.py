@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from specbench.bench.microbench import (
-    bench_target_forward,
-    bench_weight_stream,
-    streamed_weight_bytes,
-    streamed_weights,
-)
+from specbench.bench.microbench import bench_target_forward, bench_weight_stream, streamed_weights, tensor_bytes
 from specbench.decoding.forward import target_ks
 from specbench.models.pair import Pair
 
@@ -40,8 +35,8 @@ def bench_floor(pair: Pair, keys: dict) -> pd.DataFrame:
     floor of a decode step: `specbench.analysis.floor.hardware_limit`), labelled with `CT_KEYS` + draft."""
     own = {"target": streamed_weights(pair.target), "draft": streamed_weights(pair.draft_model)}
     floor = pd.DataFrame(bench_weight_stream(pair.target.dtype, pair.target.device, weights=own))
-    floor["target_weight_bytes"] = streamed_weight_bytes(pair.target)
-    floor["draft_weight_bytes"] = streamed_weight_bytes(pair.draft_model)
+    floor["target_weight_bytes"] = tensor_bytes(own["target"])
+    floor["draft_weight_bytes"] = tensor_bytes(own["draft"])
     for k in (*CT_KEYS, "draft"):
         floor[k] = keys[k]
     return floor

@@ -85,9 +85,14 @@ def streamed_weights(model: nn.Module | None) -> list[torch.Tensor]:
     return list(tensors.values())
 
 
+def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """The tensors' bytes together."""
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
 def streamed_weight_bytes(model: nn.Module | None) -> int:
     """Bytes of the weights one decode step reads (`streamed_weights`); 0 for no model (n-gram lookup)."""
-    return int(sum(t.numel() * t.element_size() for t in streamed_weights(model)))
+    return tensor_bytes(streamed_weights(model))
 
 
 def bench_weight_stream(

@@ -350,29 +350,45 @@ __attribute__((target("avx512f"))) float sum_avx512(const float* p, int64_t n) {
   return s + sum_avx2(p + i, n - i);
 }
 
+// Both read probes' split: spans (pointer, count) laid end to end, each of torch's threads summing one contiguous
+// run of them (`sum` over each piece of a span it covers), the threads' sums added at the end.
+template <typename T, typename E, typename Sum>
+T sum_split(const std::vector<std::pair<const E*, int64_t>>& spans, Sum sum) {
+  int64_t total = 0;
+  for (const auto& span : spans) total += span.second;
+  const int threads = at::get_num_threads();
+  std::vector<T> partial(threads, T(0));
+  const int64_t chunk = (total + threads - 1) / threads;
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t lo = std::min(total, t * chunk), hi = std::min(total, lo + chunk);
+      int64_t start = 0;  // of the span below, in the spans laid end to end
+      for (const auto& [p, n] : spans) {
+        const int64_t from = std::max(lo, start), to = std::min(hi, start + n);
+        if (from < to) partial[t] += sum(p + (from - start), to - from);
+        start += n;
+        if (start >= hi) break;
+      }
+    }
+  });
+  T s = T(0);
+  for (T v : partial) s += v;
+  return s;
+}
+
 at::Tensor stream_sum(const at::Tensor& buffer, int64_t isa_arg) {
   TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.is_contiguous() && buffer.device().is_cpu(),
               "stream_sum: a contiguous float32 CPU tensor; got ", buffer.scalar_type());
   const Isa isa = resolve(isa_arg);
-  const float* p = buffer.data_ptr<float>();
-  const int64_t n = buffer.numel();
-  const int threads = at::get_num_threads();
-  std::vector<float> partial(threads, 0.f);
-  const int64_t chunk = (n + threads - 1) / threads;
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
-      partial[t] = isa != AVX2 ? sum_avx512(p + lo, hi - lo) : sum_avx2(p + lo, hi - lo);
-    }
-  });
-  float s = 0.f;
-  for (float v : partial) s += v;
+  const std::vector<std::pair<const float*, int64_t>> spans{{buffer.data_ptr<float>(), buffer.numel()}};
+  const float s = sum_split<float>(
+      spans, [isa](const float* p, int64_t n) { return isa != AVX2 ? sum_avx512(p, n) : sum_avx2(p, n); });
   return at::scalar_tensor(s, buffer.options());
 }
 
 // The read probe over tensors in place (a model's own weights, where they lie in memory): their bytes as 32-bit
-// words, summed as integers (any bits: no float special cases or denormal assists), split evenly across all threads
-// across the tensors' bytes, one parallel region for all of them; a tensor's last nbytes % 4 bytes are left out.
+// words, summed as integers (any bits: no float special cases or denormal assists), one parallel region for all of
+// them (`sum_split`); a tensor's last nbytes % 4 bytes are left out.
 // Returns the words' sum mod 2^32, so the reads cannot be optimised away.
 uint32_t words_avx2(const uint32_t* p, int64_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
@@ -409,32 +425,14 @@ __attribute__((target("avx512f"))) uint32_t words_avx512(const uint32_t* p, int6
 at::Tensor stream_read(at::TensorList buffers, int64_t isa_arg) {
   const Isa isa = resolve(isa_arg);
   std::vector<std::pair<const uint32_t*, int64_t>> spans;  // (words, count), in order
-  int64_t total = 0;
   for (const at::Tensor& b : buffers) {
     TORCH_CHECK(b.device().is_cpu() && b.is_contiguous(), "stream_read: contiguous CPU tensors; got one on ",
                 b.device(), b.is_contiguous() ? "" : ", not contiguous");
     const int64_t words = b.numel() * static_cast<int64_t>(b.element_size()) / 4;
-    if (words == 0) continue;
-    spans.emplace_back(static_cast<const uint32_t*>(b.const_data_ptr()), words);
-    total += words;
+    if (words > 0) spans.emplace_back(static_cast<const uint32_t*>(b.const_data_ptr()), words);
   }
-  const int threads = at::get_num_threads();
-  std::vector<uint32_t> partial(threads, 0u);
-  const int64_t chunk = (total + threads - 1) / std::max(threads, 1);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      int64_t lo = std::min(total, t * chunk), hi = std::min(total, lo + chunk), at = 0;
-      for (const auto& [p, n] : spans) {  // this thread's words [lo, hi) of the tensors laid end to end
-        const int64_t from = std::max(lo, at), to = std::min(hi, at + n);
-        if (from < to)
-          partial[t] += isa != AVX2 ? words_avx512(p + (from - at), to - from) : words_avx2(p + (from - at), to - from);
-        at += n;
-        if (at >= hi) break;
-      }
-    }
-  });
-  uint32_t s = 0;
-  for (uint32_t v : partial) s += v;
+  const uint32_t s = sum_split<uint32_t>(
+      spans, [isa](const uint32_t* p, int64_t n) { return isa != AVX2 ? words_avx512(p, n) : words_avx2(p, n); });
   return at::scalar_tensor(static_cast<int64_t>(s), at::TensorOptions().dtype(at::kLong));
 }
 

@@ -66,11 +66,10 @@ def hardware_limit_view(hl: pd.DataFrame) -> pd.DataFrame:
     view["C_d per token ms"] = ms("cd_per_token")
     view["C_d ÷ floor"] = hl["cd_over_floor"].round(2)
     view["C_d ÷ read floor"] = hl["cd_over_floor_read"].round(2)
-    if "own_target_bandwidth" in hl:  # the read over each model's own weights, where it ran
-        view["target's own read GB/s"] = (hl["own_target_bandwidth"] / 1e9).round(1)
-        view["C_t1 ÷ own read floor"] = hl["ct1_over_floor_own"].round(2)
-        view["draft's own read GB/s"] = (hl["own_draft_bandwidth"] / 1e9).round(1)
-        view["C_d ÷ own read floor"] = hl["cd_over_floor_own"].round(2)
+    view["target's own read GB/s"] = (hl["own_target_bandwidth"] / 1e9).round(1)  # NaN where not run: dropped
+    view["C_t1 ÷ own read floor"] = hl["ct1_over_floor_own"].round(2)
+    view["draft's own read GB/s"] = (hl["own_draft_bandwidth"] / 1e9).round(1)
+    view["C_d ÷ own read floor"] = hl["cd_over_floor_own"].round(2)
     return drop_constant_keys(view.dropna(axis=1, how="all"))
 
 
