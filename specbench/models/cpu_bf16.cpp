@@ -143,7 +143,10 @@ void row_pairs_avx2(const float* x, const uint16_t* w, int64_t K, int64_t begin,
       for (int h = 0; h < 32; h += 8) {
         const __m256 a = load8_bf16(w0 + k + h), b = load8_bf16(w1 + k + h);
         for (int r = 0; r < R; ++r) {
-          const __m256 xv = _mm256_loadu_ps(x + r * K + k + h);
+          __m256 xv = _mm256_loadu_ps(x + r * K + k + h);
+          // held in a register for both FMAs: folded into each as a memory operand (gcc's choice), the x loads
+          // doubled and the load ports, not the FMAs, set the pace
+          asm("" : "+x"(xv));
           acc[r][0] = _mm256_fmadd_ps(a, xv, acc[r][0]);
           acc[r][1] = _mm256_fmadd_ps(b, xv, acc[r][1]);
         }
