@@ -109,10 +109,10 @@ def test_aten_cpu_capability_avx2_takes_the_avx2_path():
 
 def test_pick_own_rows_on_given_timings():
     t = {"1": {"own": 0.5, "gemv": 1.0, "other": 2.0}, "2": {"own": 1.2, "gemv": 1.0, "other": 1.05}}
-    assert pick_own_rows(t) == 1  # at 2 rows torch's gemv (1.0) is under 0.9 x specbench's (1.2)
+    assert pick_own_rows(t) == (1, 1)  # at 2 rows torch's gemv (1.0) is under 0.9 x specbench's (1.2)
     t["2"].update(gemv=2.0, other=2.0)
-    assert pick_own_rows(t) == 2
-    assert pick_own_rows({"1": {"own": 1.0, "gemv": 0.8, "other": 1.0}}) == 0  # clearly slower at one row
+    assert pick_own_rows(t) == (1, 2)
+    assert pick_own_rows({"1": {"own": 1.0, "gemv": 0.8, "other": 1.0}}) == (0, 0)  # clearly slower at one row
 
 
 def test_a_tie_at_one_row_keeps_the_kernel_that_stays_fast_at_a_verifys_rows():
@@ -121,7 +121,31 @@ def test_a_tie_at_one_row_keeps_the_kernel_that_stays_fast_at_a_verifys_rows():
     rows ran inductor's GEMM at 2.4x the one-row step."""
     t = {"1": {"own": 1.02, "gemv": 1.0, "other": 3.0}}
     t |= {str(r): {"own": 1.05, "gemv": 0.9 + 0.45 * r, "other": 3.0} for r in (2, 4, 8)}
-    assert pick_own_rows(t) == 8
+    assert pick_own_rows(t) == (1, 8)
+
+
+def test_a_kernel_that_loses_the_one_row_step_still_takes_the_verifys_rows():
+    """The EPYC's AVX2 path: the down projection (576 x 1536) took torch's gemv 1.2x faster at one row, so the rule
+    that counted up from one row gave specbench's kernel no rows at all, and every verify ran torch's kernels, which
+    slow with each row (the gemv 1.5 ms a row at 1, ~5.5 at 4 for the 48 MB probe). It takes the rows it wins."""
+    t = {"1": {"own": 1.82, "gemv": 1.61, "other": 1.53}}
+    t |= {str(r): {"own": 1.8 + 0.3 * r, "gemv": 1.5 * r, "other": 1.5 * r} for r in (2, 4, 8)}
+    assert pick_own_rows(t) == (2, 8)
+    t["4"].update(gemv=1.0)  # a lone loss in the middle: the longer run wins, a tie the run with more rows
+    assert pick_own_rows(t) == (8, 8)
+    t["2"].update(gemv=1.0)
+    assert pick_own_rows(t) == (8, 8)
+
+
+def test_a_linear_takes_its_kernel_between_its_fewest_and_most_rows(monkeypatch):
+    layer = CpuLinear(nn.Linear(64, 32, bias=False).to(torch.bfloat16), gemv_rows=8, own_rows=4, own_from=2)
+    calls = []
+    for kernel in ("own", "gemv"):
+        monkeypatch.setattr(layer, kernel, lambda x, k=kernel: calls.append((k, x.shape[0])) or layer.torch_default(x))
+    with torch.inference_mode():
+        for rows in (1, 2, 4, 5):
+            layer(torch.randn(rows, 64, dtype=torch.bfloat16))
+    assert calls == [("gemv", 1), ("own", 2), ("own", 4), ("gemv", 5)]
 
 
 def test_compiled_graph_calls_the_kernel_and_fuses_shared_inputs():

@@ -149,7 +149,7 @@ def test_rows_past_the_gemv_take_the_upcast_only_where_it_was_chosen_and_onednn_
 def test_tuning_sets_the_upcast_choice_only_where_onednn_cannot_prepack_and_copies_keep_it(monkeypatch):
     asked, prepacks_here = [], prepack_supported()
     monkeypatch.setattr(kernels, "gemv_rows", lambda *shape: 0)
-    monkeypatch.setattr(kernels, "own_rows", lambda *shape: 0)
+    monkeypatch.setattr(kernels, "own_rows", lambda *shape: (0, 0))
     monkeypatch.setattr(kernels, "upcast_wide", lambda *shape: asked.append(shape) or True)
     monkeypatch.setattr(kernels, "prepack_supported", lambda: False)
     model = tiny_llama(0, dtype=torch.bfloat16)

@@ -7,7 +7,7 @@ ATen's gemv falls far behind, while the prepacked kernel's time stays nearly fla
 (so a verify forward of γ + 1 costs little more than one row). Its result equals torch's default bit
 for bit; the gemv's can differ in the last bf16 bit (a different summation order). `CpuLinear` keeps
 the weight and a prepacked copy, and takes the gemv up to the rows where it was measured faster for
-its shape. Up to `own_rows` rows (at most `cpu_bf16.MAX_ROWS`) it takes specbench's own bf16 kernel
+its shape. From `own_from` to `own_rows` rows (at most `cpu_bf16.MAX_ROWS`) it takes specbench's own bf16 kernel
 (`cpu_bf16.cpp`: each weight streamed once across all threads) where that was measured faster than both;
 that kernel is an op `torch.compile` calls too, so the compiled fast path runs it in place of inductor's GEMM.
 """
@@ -123,21 +123,23 @@ def pick_gemv_rows(timings: dict) -> int:
 
 
 @functools.cache
-def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> int:
-    """The most rows (of `PROBE_ROWS`, at most `cpu_bf16.MAX_ROWS`) up to which specbench's bf16 kernel is not
-    beaten by either of torch's (ATen's gemv and the prepacked or default kernel) for this shape; 0 where it never does or
-    is not built. Timed once per machine and software version (`choices.cached`) by `time_own_rows`, decided
-    by `pick_own_rows`."""
+def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> tuple[int, int]:
+    """(fewest, most) rows, of `PROBE_ROWS` up to `cpu_bf16.MAX_ROWS`, between which specbench's bf16 kernel is not
+    beaten by either of torch's (ATen's gemv and the prepacked or default kernel) for this shape; (0, 0) where it
+    never is or is not built. Timed once per machine and software version (`choices.cached`) by `time_own_rows`,
+    decided by `pick_own_rows`."""
     if not cpu_bf16.available():
-        return 0
-    name = f"own_rows bf16 {out_features}x{in_features} prepacked={prepacked} stream={stream_bytes}"
+        return 0, 0
+    name = f"own_row_range bf16 {out_features}x{in_features} prepacked={prepacked} stream={stream_bytes}"
     timings = functools.partial(time_own_rows, out_features, in_features, prepacked, stream_bytes)
-    return choices.cached(name, timings, pick_own_rows)[0]
+    low, high = choices.cached(name, timings, pick_own_rows)[0]
+    return low, high
 
 
 def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> dict:
-    """{rows: {"own": s, "gemv": s, "other": s}} up to the first row count where one of torch's kernels is
-    clearly faster than specbench's, over weight copies adding up to `stream_bytes` (as `time_gemv_rows`)."""
+    """{rows: {"own": s, "gemv": s, "other": s}} at every probed row count up to `cpu_bf16.MAX_ROWS`, over weight
+    copies adding up to `stream_bytes` (as `time_gemv_rows`). Every count, not up to the first that torch's kernels
+    win: one that wins a decode step's row can still lose a verify's γ + 1 by several times."""
     layers = probe_layers(out_features, in_features, stream_bytes)
     kernels = {
         "own": [m.own for m in layers],
@@ -148,25 +150,32 @@ def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_b
     with torch.inference_mode():
         for rows in (r for r in PROBE_ROWS if r <= cpu_bf16.MAX_ROWS):
             x = torch.randn(rows, in_features, dtype=torch.bfloat16)
-            t = interleaved_medians({name: lambda fs=fs, x=x: [f(x) for f in fs] for name, fs in kernels.items()})
-            timings[str(rows)] = t
-            if clearly_faster(min(t["gemv"], t["other"]), t["own"]):
-                break
+            timings[str(rows)] = interleaved_medians(
+                {name: lambda fs=fs, x=x: [f(x) for f in fs] for name, fs in kernels.items()}
+            )
     return timings
 
 
-def pick_own_rows(timings: dict) -> int:
-    """The rule: the most rows up to which no kernel of torch's was clearly faster (`clearly_faster`) than
-    specbench's, counting up from the fewest rows of `{rows: {"own": s, "gemv": s, "other": s}}`. A near-tie
-    goes to specbench's kernel: it streams the weight once whatever the rows (up to `MAX_ROWS`), so the one
-    kernel that ties at a decode step's row is the one that stays fast at a verify's γ + 1 rows, where torch's
-    gemv slows with every row (analysis/bf16_matvec_cpu_avx512)."""
-    best = 0
+def pick_own_rows(timings: dict) -> tuple[int, int]:
+    """The rule: the longest run of consecutive probed row counts at none of which a kernel of torch's was clearly
+    faster (`clearly_faster`) than specbench's (a tie: the run with more rows), as (its fewest, its most); (0, 0)
+    where there is none. A near-tie goes to specbench's kernel: it streams the weight once whatever the rows (up to
+    `MAX_ROWS`), so the one kernel that ties at a decode step's row is the one that stays fast at a verify's γ + 1
+    rows, where torch's gemv slows with every row (analysis/bf16_matvec_cpu_avx512). One that loses the decode
+    step's row can still win every verify's (analysis/bf16_avx2_x_register_cpu_avx512)."""
+    runs: list[list[int]] = []
+    previous_won = False
     for rows, t in sorted((int(rows), t) for rows, t in timings.items()):
-        if clearly_faster(min(t["gemv"], t["other"]), t["own"]):
-            break
-        best = rows
-    return best
+        won = not clearly_faster(min(t["gemv"], t["other"]), t["own"])
+        if won and previous_won:
+            runs[-1].append(rows)
+        elif won:
+            runs.append([rows])
+        previous_won = won
+    if not runs:
+        return 0, 0
+    best = max(runs, key=lambda run: (len(run), run[-1]))
+    return best[0], best[-1]
 
 
 WIDE_ROWS = 64  # a prompt chunk: the rows at which `upcast_wide` times the kernels past the gemv's
@@ -205,19 +214,19 @@ def pick_wide(timings: dict) -> bool:
 
 class CpuLinear(nn.Linear):
     """An nn.Linear (same parameters, so ties, quantizers and state dicts see no difference) whose bf16
-    CPU forward takes specbench's bf16 kernel up to `own_rows` rows (also inside a `torch.compile` trace),
+    CPU forward takes specbench's bf16 kernel from `own_from` to `own_rows` rows (also inside a `torch.compile` trace),
     else ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them; where oneDNN cannot
     prepack bf16, torch's bf16 linear or, from `UPCAST_MIN_ROWS` rows where `upcast_wide` measured it faster, the
     weight widened to float32.
 
-    Anything else (another dtype or device, autograd, a `torch.compile` trace past `own_rows`, which
+    Anything else (another dtype or device, autograd, a `torch.compile` trace outside those rows, which
     inductor prepacks on its own) runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
     its own on first use, since `__getstate__` leaves it out: opaque oneDNN tensors cannot be copied)."""
 
     isa = cpu_bf16.AUTO  # the own kernel's path (`cpu_bf16.isa_path`); a side-by-side comparison sets another
     upcast_wide = False  # measured per shape by `tune_cpu_linears` where oneDNN cannot prepack bf16
 
-    def __init__(self, linear: nn.Linear, gemv_rows: int = 1, own_rows: int = 0) -> None:
+    def __init__(self, linear: nn.Linear, gemv_rows: int = 1, own_rows: int = 0, own_from: int = 1) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate and initialise a weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameters: a tied head stays tied
@@ -227,7 +236,8 @@ class CpuLinear(nn.Linear):
         self.gemv_rows = gemv_rows  # measured per shape by `tune_cpu_linears`
         if own_rows and not cpu_bf16.available():
             raise ValueError(f"CpuLinear own_rows={own_rows}: specbench's bf16 kernel is not built here; allowed: 0")
-        self.own_rows = min(own_rows, cpu_bf16.MAX_ROWS)  # measured per shape by `tune_cpu_linears`
+        # own_from to own_rows rows take specbench's kernel; measured per shape by `tune_cpu_linears`
+        self.own_from, self.own_rows = max(1, own_from), min(own_rows, cpu_bf16.MAX_ROWS)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -266,7 +276,7 @@ class CpuLinear(nn.Linear):
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         )
         rows = x.numel() // max(1, x.shape[-1])
-        if plain and rows <= self.own_rows:
+        if plain and self.own_from <= rows <= self.own_rows:
             return self.own(x)
         if not plain or torch.compiler.is_compiling():
             return super().forward(x)
@@ -292,7 +302,8 @@ def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
     prepacked, stream = prepack_supported(), min(PROBE_BYTES, packed_bytes)
     for parent, name, child in linears:
         shape = (child.out_features, child.in_features, prepacked, stream)
-        layer = CpuLinear(child, gemv_rows(*shape), own_rows(*shape))
+        low, high = own_rows(*shape)
+        layer = CpuLinear(child, gemv_rows(*shape), high, own_from=low)
         layer.upcast_wide = not prepacked and upcast_wide(child.out_features, child.in_features, stream)
         layer.pack()
         setattr(parent, name, layer)
@@ -302,11 +313,6 @@ def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
 def linear_kernels(model: nn.Module) -> dict[str, int]:
     """Per CpuLinear weight shape, the rows up to which it takes ATen's gemv (for job records)."""
     return {f"bf16 {m.out_features}x{m.in_features}": m.gemv_rows for m in model.modules() if isinstance(m, CpuLinear)}
-
-
-def own_kernel_rows(model: nn.Module) -> dict[str, int]:
-    """Per CpuLinear weight shape, the rows up to which it takes specbench's bf16 kernel (for job records)."""
-    return {f"bf16 {m.out_features}x{m.in_features}": m.own_rows for m in model.modules() if isinstance(m, CpuLinear)}
 
 
 def physical_memory() -> int:
