@@ -145,7 +145,7 @@ void row_pairs_avx2(const float* x, const uint16_t* w, int64_t K, int64_t begin,
         for (int r = 0; r < R; ++r) {
           __m256 xv = _mm256_loadu_ps(x + r * K + k + h);
           // held in a register for both FMAs: folded into each as a memory operand (gcc's choice), the x loads
-          // doubled and the load ports, not the FMAs, set the pace
+          // doubled and the load ports, not the FMAs, set the pace (analysis/avx2_verify_cpu_avx512/)
           asm("" : "+x"(xv));
           acc[r][0] = _mm256_fmadd_ps(a, xv, acc[r][0]);
           acc[r][1] = _mm256_fmadd_ps(b, xv, acc[r][1]);

@@ -162,7 +162,7 @@ def pick_own_rows(timings: dict) -> tuple[int, int]:
     where there is none. A near-tie goes to specbench's kernel: it streams the weight once whatever the rows (up to
     `MAX_ROWS`), so the one kernel that ties at a decode step's row is the one that stays fast at a verify's γ + 1
     rows, where torch's gemv slows with every row (analysis/bf16_matvec_cpu_avx512). One that loses the decode
-    step's row can still win every verify's (analysis/bf16_avx2_x_register_cpu_avx512)."""
+    step's row can still win every verify's (analysis/avx2_verify_cpu_avx512)."""
     runs: list[list[int]] = []
     previous_won = False
     for rows, t in sorted((int(rows), t) for rows, t in timings.items()):
