@@ -5,7 +5,7 @@ the read floor, interleaved in one process.
                                        [--ks 1] [--out DIR]
 
 Two copies of the target (pair.cpu_linear=tuned): `torch` with specbench's kernel off (inductor's linears, as
-before it) and `own` with it on up to 8 rows (`CpuLinear.own_rows`), both compiled. Each block times --steps
+before it) and `own` with it on from 1 to 8 rows (`CpuLinear.own_from`, `own_rows`), both compiled. Each block times --steps
 one-row forwards of each copy in turn (a fresh prefill before each, outside the timing), then the read probe
 (`bench_weight_stream`, 3 repeats). Writes `steps.csv`, `floor.csv` and `summary.md` (median ms per setting, the
 read floor = target weight bytes ÷ the best read bandwidth, C_t1 ÷ floor, load averages) into --out.
@@ -50,7 +50,7 @@ def main() -> None:
     for name, model in models.items():
         for m in model.modules():
             if isinstance(m, CpuLinear):
-                m.own_rows = cpu_bf16.MAX_ROWS if name == "own" else 0
+                m.own_from, m.own_rows = 1, cpu_bf16.MAX_ROWS if name == "own" else 0
     need = args.prompt_tokens + max(args.ks) * (args.steps + 4)
     lms = {}
     for name, model in models.items():

@@ -131,10 +131,14 @@ def test_a_kernel_that_loses_the_one_row_step_still_takes_the_verifys_rows():
     t = {"1": {"own": 1.82, "gemv": 1.61, "other": 1.53}}
     t |= {str(r): {"own": 1.8 + 0.3 * r, "gemv": 1.5 * r, "other": 1.5 * r} for r in (2, 4, 8)}
     assert pick_own_rows(t) == (2, 8)
-    t["4"].update(gemv=1.0)  # a lone loss in the middle: the longer run wins, a tie the run with more rows
-    assert pick_own_rows(t) == (8, 8)
+    t["4"].update(gemv=1.0)  # a lone loss in the middle: two runs as long, the one at fewer rows
+    assert pick_own_rows(t) == (2, 2)
     t["2"].update(gemv=1.0)
     assert pick_own_rows(t) == (8, 8)
+    t["1"].update(gemv=2.0, other=2.0)  # runs (1) and (8): as long, the one-row step kept
+    assert pick_own_rows(t) == (1, 1)
+    t["2"].update(gemv=4.0, other=4.0)  # runs (1, 2) and (8): the longer
+    assert pick_own_rows(t) == (1, 2)
 
 
 def test_a_linear_takes_its_kernel_between_its_fewest_and_most_rows(monkeypatch):
@@ -146,6 +150,8 @@ def test_a_linear_takes_its_kernel_between_its_fewest_and_most_rows(monkeypatch)
         for rows in (1, 2, 4, 5):
             layer(torch.randn(rows, 64, dtype=torch.bfloat16))
     assert calls == [("gemv", 1), ("own", 2), ("own", 4), ("gemv", 5)]
+    with pytest.raises(ValueError, match="own_from=5"):
+        CpuLinear(nn.Linear(64, 32, bias=False).to(torch.bfloat16), own_rows=4, own_from=5)
 
 
 def test_compiled_graph_calls_the_kernel_and_fuses_shared_inputs():

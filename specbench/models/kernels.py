@@ -158,8 +158,9 @@ def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_b
 
 def pick_own_rows(timings: dict) -> tuple[int, int]:
     """The rule: the longest run of consecutive probed row counts at none of which a kernel of torch's was clearly
-    faster (`clearly_faster`) than specbench's (a tie: the run with more rows), as (its fewest, its most); (0, 0)
-    where there is none. A near-tie goes to specbench's kernel: it streams the weight once whatever the rows (up to
+    faster (`clearly_faster`) than specbench's, as (its fewest, its most); (0, 0) where there is none. Of two runs
+    as long, the one at fewer rows: plain decoding, the baseline speculation is measured against, is never the one
+    given up. A near-tie goes to specbench's kernel: it streams the weight once whatever the rows (up to
     `MAX_ROWS`), so the one kernel that ties at a decode step's row is the one that stays fast at a verify's γ + 1
     rows, where torch's gemv slows with every row (analysis/bf16_matvec_cpu_avx512). One that loses the decode
     step's row can still win every verify's (analysis/avx2_verify_cpu_avx512)."""
@@ -174,7 +175,7 @@ def pick_own_rows(timings: dict) -> tuple[int, int]:
         previous_won = won
     if not runs:
         return 0, 0
-    best = max(runs, key=lambda run: (len(run), run[-1]))
+    best = max(runs, key=lambda run: (len(run), -run[0]))
     return best[0], best[-1]
 
 
@@ -236,7 +237,9 @@ class CpuLinear(nn.Linear):
         self.gemv_rows = gemv_rows  # measured per shape by `tune_cpu_linears`
         if own_rows and not cpu_bf16.available():
             raise ValueError(f"CpuLinear own_rows={own_rows}: specbench's bf16 kernel is not built here; allowed: 0")
-        # own_from to own_rows rows take specbench's kernel; measured per shape by `tune_cpu_linears`
+        if own_rows and not 1 <= own_from <= own_rows:
+            raise ValueError(f"CpuLinear own_from={own_from}: allowed 1 to own_rows={own_rows}")
+        # own_from to own_rows rows take specbench's kernel (own_rows 0: none); measured per shape by `tune_cpu_linears`
         self.own_from, self.own_rows = max(1, own_from), min(own_rows, cpu_bf16.MAX_ROWS)
 
     def __getstate__(self) -> dict:
