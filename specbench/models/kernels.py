@@ -15,6 +15,7 @@ that kernel is an op `torch.compile` calls too, so the compiled fast path runs i
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import time
 
@@ -132,7 +133,7 @@ def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes:
         return 0, 0
     name = f"own_row_range bf16 {out_features}x{in_features} prepacked={prepacked} stream={stream_bytes}"
     timings = functools.partial(time_own_rows, out_features, in_features, prepacked, stream_bytes)
-    low, high = choices.cached(name, timings, pick_own_rows)[0]
+    low, high = choices.cached(name, timings, pick_own_rows)[0]  # a list when read back from the cache file
     return low, high
 
 
@@ -164,15 +165,11 @@ def pick_own_rows(timings: dict) -> tuple[int, int]:
     `MAX_ROWS`), so the one kernel that ties at a decode step's row is the one that stays fast at a verify's γ + 1
     rows, where torch's gemv slows with every row (analysis/bf16_matvec_cpu_avx512). One that loses the decode
     step's row can still win every verify's (analysis/avx2_verify_cpu_avx512)."""
-    runs: list[list[int]] = []
-    previous_won = False
-    for rows, t in sorted((int(rows), t) for rows, t in timings.items()):
-        won = not clearly_faster(min(t["gemv"], t["other"]), t["own"])
-        if won and previous_won:
-            runs[-1].append(rows)
-        elif won:
-            runs.append([rows])
-        previous_won = won
+    won = [
+        (rows, not clearly_faster(min(t["gemv"], t["other"]), t["own"]))
+        for rows, t in sorted((int(rows), t) for rows, t in timings.items())
+    ]
+    runs = [[rows for rows, _ in run] for wins, run in itertools.groupby(won, key=lambda w: w[1]) if wins]
     if not runs:
         return 0, 0
     best = max(runs, key=lambda run: (len(run), -run[0]))
