@@ -143,3 +143,25 @@ def test_engines_floor_table_counts_no_draft_floor_where_the_draft_probe_is_miss
     assert math.isfinite(row["ideal at read floors"])  # the other floors stand
     ngram = floor_table(rounds, hardware_limit(timing, _floor(draft_bytes=0).assign(**keys)), pd.DataFrame()).iloc[0]
     assert math.isfinite(ngram["ideal at own read floors"])  # no weights: the draft costs no floor
+
+
+def test_engines_section_sets_llama_cpps_plain_step_beside_the_target_floors():
+    """The demonstrated floor: llama.cpp's llama-bench C_t1 (30 ms) over specbench's target floors on the same
+    hardware and target (matvec 20 ms, read 10 ms, own read 15 ms), and specbench's C_t1 (40 ms) against it; a
+    llama.cpp row of another machine gets no row."""
+    from specbench.report.engines_view import demonstrated_floor
+
+    hl = hardware_limit(_timing(), _floor())
+    llama = {"dtype": "gguf:F16", "draft": "gguf:Q4_1", "ct_source": "llama-bench", "ct1": 0.030}
+    timing = pd.concat(
+        [_timing(ct_source="ct"), _timing(**llama), _timing(**llama | {"hardware": "cpu:other"})], ignore_index=True
+    )
+    rows = demonstrated_floor(timing, hl)
+    assert len(rows) == 1 and rows.iloc[0]["hardware"] == "cpu:x"
+    row = rows.iloc[0]
+    assert math.isclose(row["llama.cpp C_t1 ÷ matvec floor"], 1.5) and math.isclose(
+        row["llama.cpp C_t1 ÷ read floor"], 3.0
+    )
+    assert math.isclose(row["llama.cpp C_t1 ÷ own read floor"], 2.0)
+    assert math.isclose(row["C_t1 ÷ llama.cpp C_t1"], 0.040 / 0.030)
+    assert demonstrated_floor(_timing(ct_source="ct"), hl).empty  # no llama.cpp in the sweep

@@ -157,19 +157,42 @@ def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.
     return pd.DataFrame(out)
 
 
+def demonstrated_floor(timing: pd.DataFrame, hardware_limit: pd.DataFrame) -> pd.DataFrame:
+    """Per hardware and target: llama.cpp's plain one-token step (its `llama-bench` C_t1, the timing rows whose
+    `ct_source` is "llama-bench") beside the weight-streaming floors of specbench's target (`hardware_limit`; the
+    F16 GGUF holds the same weights at 2 bytes each): what another engine demonstrates on this box, and specbench's
+    C_t1 against it. Empty without llama.cpp rows or floors."""
+    if timing.empty or hardware_limit.empty or "ct_source" not in timing.columns:
+        return pd.DataFrame()
+    out = []
+    for _, t in timing[timing["ct_source"] == "llama-bench"].iterrows():
+        hl = hardware_limit[(hardware_limit["hardware"] == t["hardware"]) & (hardware_limit["target"] == t["target"])]
+        if hl.empty:
+            continue
+        row = {"hardware": t["hardware"], "target": t["target"], "llama.cpp C_t1": t["ct1"], "C_t1": hl["ct1"].median()}
+        for probe, sfx in PROBES:
+            row[f"llama.cpp C_t1 ÷ {probe} floor"] = t["ct1"] / hl[f"target_floor{sfx}"].median()
+        row["C_t1 ÷ llama.cpp C_t1"] = row["C_t1"] / t["ct1"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def _ms(df: pd.DataFrame) -> pd.DataFrame:
     """Seconds -> milliseconds for reading."""
-    cols = ("C_t1", "C_d per token", "C_t(d+1)")
+    cols = ("C_t1", "C_d per token", "C_t(d+1)", "llama.cpp C_t1")
     return df.assign(**{c: df[c] * 1e3 for c in cols if c in df}).rename(columns={c: f"{c} ms" for c in cols})
 
 
-def engines_tables(requests: pd.DataFrame, rounds: pd.DataFrame, hardware_limit: pd.DataFrame) -> dict:
-    """{"engines", "engines_per_prompt", "engines_floors"}: the tables of `engines_sections`."""
+def engines_tables(
+    requests: pd.DataFrame, rounds: pd.DataFrame, hardware_limit: pd.DataFrame, timing: pd.DataFrame | None = None
+) -> dict:
+    """{"engines", "engines_per_prompt", "engines_floors", "engines_llama_floor"}: the tables of `engines_sections`."""
     engines = engines_table(engine_pairs(requests))
     return {
         "engines": engines,
         "engines_per_prompt": per_prompt_table(requests) if len(engines) else pd.DataFrame(),
         "engines_floors": floor_table(rounds, hardware_limit, engines),
+        "engines_llama_floor": demonstrated_floor(pd.DataFrame() if timing is None else timing, hardware_limit),
     }
 
 
@@ -197,6 +220,7 @@ def engines_sections(tables: dict) -> list[Section]:
         if "job" in df.columns and df["job"].nunique() <= 1:
             s.tables[i] = (title, df.drop(columns="job"))
     sections = [s]
+    demonstrated = tables.get("engines_llama_floor", pd.DataFrame())
     if len(floors):
         sections.append(
             Section(
@@ -222,6 +246,12 @@ def engines_sections(tables: dict) -> list[Section]:
                 ],
             )
         )
+    if len(demonstrated) and len(floors):
+        sections[-1].text.append(
+            "llama.cpp's plain step (its llama-bench C_t1) beside the same target floors: the floor another engine "
+            "demonstrates on this machine, and specbench's C_t1 against it."
+        )
+        sections[-1].tables.append(("llama.cpp's plain step beside the floors", _ms(demonstrated)))
     return sections
 
 
