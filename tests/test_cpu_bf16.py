@@ -54,6 +54,20 @@ def test_matvec_equals_an_fp32_reference(isa, shape):
         torch.testing.assert_close(y32.double(), x.double() @ w.double().T, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("isa", [_isa_param(i) for i in ISAS])
+def test_bf16_rows_give_the_widened_rows_result_bit_for_bit(isa):
+    """bf16 activations (widened inside the kernel on AVX2, a pass of 8 rows at a time, into a buffer kept between
+    calls) give exactly what their float32 values give, rounded once: across passes (17 rows: 8 + 8 + 1), across
+    calls of other widths and K (the kept buffer), and for a strided x."""
+    g = torch.Generator().manual_seed(7)
+    for n, k, rows in ((64, 1536, 17), (40, 96, 3), (33, 576, 9), (64, 1536, 1), (20, 70, 12)):
+        w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+        wide = torch.randn(rows, 2 * k, generator=g).to(torch.bfloat16)
+        for x in (wide[:, :k].contiguous(), wide[:, ::2]):  # contiguous, and every other column
+            want = cpu_bf16.bf16_matvec(x.float(), w, None, isa).to(torch.bfloat16)
+            assert torch.equal(cpu_bf16.bf16_matvec(x, w, None, isa), want), (n, k, rows, x.is_contiguous())
+
+
 def test_bad_inputs_are_named():
     w = torch.zeros(4, 8, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="weight dtype Float; allowed: bfloat16"):

@@ -33,6 +33,7 @@ from specbench.decoding.attention import GROUPED, symbolic_columns
 from specbench.decoding.compile_cache import compiled_forward, concat_linears
 from specbench.decoding.forward_choice import fast_path_refusal
 from specbench.decoding.kvcache import attention_windows, cache_keyword, check_prefill_source, with_cache
+from specbench.decoding.rotary import tabulate_rotary
 from specbench.decoding.timing import to_device, to_host
 from specbench.models import cpu_matvec
 from specbench.models.matvec_fusion import FUSION_PASS, weights_fingerprint
@@ -100,6 +101,7 @@ class StaticLM:
             # (analysis/fast_path_one_copy_cpu_amx/); on a copy of the modules sharing the parameters (memo).
             self.model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
             self.model.set_attn_implementation(GROUPED)
+            tabulate_rotary(self.model, capacity)  # cos and sin looked up, not recomputed in every layer
             if model.device.type == "cpu" and model.dtype == torch.float32:
                 cpu_matvec.available()  # built and loaded before a compile asks `attention.cache_kernel`
         self.additive_mask = self.model.config._attn_implementation in ADDITIVE_MASKS

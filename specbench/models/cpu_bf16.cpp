@@ -1,7 +1,6 @@
-// bf16 weights streamed once per step for a few activation rows (a decode step: 1 row; a verify: gamma + 1), and
-// the read-bandwidth probes: a plain sum of a buffer, or of tensors where they lie (`stream_read`). All split their
-// bytes across all of torch's threads (at::parallel_for), each thread reading one contiguous run, the way ggml's
-// mul_mat splits weight rows.
+// bf16 weights streamed once per step for a few activation rows (a decode step: 1 row; a verify: gamma + 1), their
+// bytes split across all of torch's threads (at::parallel_for), each thread reading one contiguous run, the way
+// ggml's mul_mat splits weight rows. The read probes that floor it are in cpu_stream.cpp.
 // ISA paths, picked per call: AMX (passes of 2+ activation rows as tile products), AVX-512-BF16 (vdpbf16ps: bf16 x
 // bf16 products summed in fp32) and AVX2 + FMA
 // (bf16 -> fp32 by a 16-bit shift). The AVX-512 functions carry their own target attribute, so the extension is
@@ -90,6 +89,13 @@ inline float bf16_value(uint16_t b) {
 // 8 bf16 -> 8 fp32: the bits moved to the high half.
 inline __m256 load8_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+// n bf16 -> fp32 (exact: the bits moved to the high half).
+void widen_bf16(const uint16_t* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load8_bf16(p + i));
+  for (; i < n; ++i) out[i] = bf16_value(p[i]);
 }
 
 // The weight stream is prefetched into L2 this far ahead. Each thread reads its rows one after another, front to
@@ -302,15 +308,26 @@ at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std:
   const Isa isa = resolve(isa_arg);
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
-  // Each path reads the activations in its own type: one conversion per call (ggml converts them once too).
-  const at::Tensor xs = x.to(isa != AVX2 ? at::kBFloat16 : at::kFloat).contiguous();
+  // Each path reads the activations in its own type: one conversion per call (ggml converts them once too). bf16
+  // rows for the AVX2 path are widened here, a pass of rows at a time, not by torch: its conversion and the tensor
+  // it allocates cost 3 (one row) to 10 us (six) a call (analysis/profile_step_cpu_avx512_avx2_path/).
+  const bool widen = isa == AVX2 && x.scalar_type() == at::kBFloat16;
+  const at::Tensor xs = widen ? x.contiguous() : x.to(isa != AVX2 ? at::kBFloat16 : at::kFloat).contiguous();
+  thread_local std::vector<float> wide;  // the caller's, kept: no allocation a call
+  if (widen && wide.size() < static_cast<size_t>(std::min(MAX_ROWS, M) * K)) wide.resize(std::min(MAX_ROWS, M) * K);
   // bf16 rows without a bias get their bf16 result written directly (a conversion a call was a visible share of
   // the small k/v layers' time); otherwise fp32 sums, the bias added, then x's dtype.
   const bool direct = x.scalar_type() == at::kBFloat16 && !bias.has_value();
   at::Tensor out = at::empty({M, N}, x.options().dtype(direct ? at::kBFloat16 : at::kFloat));
   for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
     const int64_t rows = std::min(MAX_ROWS, M - m0);
-    const float* xf = isa == AVX2 ? xs.data_ptr<float>() + m0 * K : nullptr;
+    const float* xf = nullptr;
+    if (widen) {
+      widen_bf16(reinterpret_cast<const uint16_t*>(xs.data_ptr<at::BFloat16>()) + m0 * K, rows * K, wide.data());
+      xf = wide.data();
+    } else if (isa == AVX2) {
+      xf = xs.data_ptr<float>() + m0 * K;
+    }
     const uint16_t* xb = isa != AVX2
                              ? reinterpret_cast<const uint16_t*>(xs.data_ptr<at::BFloat16>()) + m0 * K
                              : nullptr;
@@ -324,134 +341,18 @@ at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std:
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-// The read probe: the sum of a float32 buffer, each thread one contiguous part with 4 independent sums of one
-// vector width (AVX-512 where the matvec's path is), partial sums added at the end.
-float sum_avx2(const float* p, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-  }
-  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-
-__attribute__((target("avx512f"))) float sum_avx512(const float* p, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
-  }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  return s + sum_avx2(p + i, n - i);
-}
-
-// Both read probes' split: spans (pointer, count) laid end to end, each of torch's threads summing one contiguous
-// run of them (`sum` over each piece of a span it covers), the threads' sums added at the end.
-template <typename T, typename E, typename Sum>
-T sum_split(const std::vector<std::pair<const E*, int64_t>>& spans, Sum sum) {
-  int64_t total = 0;
-  for (const auto& span : spans) total += span.second;
-  const int threads = at::get_num_threads();
-  std::vector<T> partial(threads, T(0));
-  const int64_t chunk = (total + threads - 1) / threads;
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t lo = std::min(total, t * chunk), hi = std::min(total, lo + chunk);
-      int64_t start = 0;  // of the span below, in the spans laid end to end
-      for (const auto& [p, n] : spans) {
-        const int64_t from = std::max(lo, start), to = std::min(hi, start + n);
-        if (from < to) partial[t] += sum(p + (from - start), to - from);
-        start += n;
-        if (start >= hi) break;
-      }
-    }
-  });
-  T s = T(0);
-  for (T v : partial) s += v;
-  return s;
-}
-
-at::Tensor stream_sum(const at::Tensor& buffer, int64_t isa_arg) {
-  TORCH_CHECK(buffer.scalar_type() == at::kFloat && buffer.is_contiguous() && buffer.device().is_cpu(),
-              "stream_sum: a contiguous float32 CPU tensor; got ", buffer.scalar_type());
-  const Isa isa = resolve(isa_arg);
-  const std::vector<std::pair<const float*, int64_t>> spans{{buffer.data_ptr<float>(), buffer.numel()}};
-  const float s = sum_split<float>(
-      spans, [isa](const float* p, int64_t n) { return isa != AVX2 ? sum_avx512(p, n) : sum_avx2(p, n); });
-  return at::scalar_tensor(s, buffer.options());
-}
-
-// The read probe over tensors in place (a model's own weights, where they lie in memory): their bytes as 32-bit
-// words, summed as integers (any bits: no float special cases or denormal assists), one parallel region for all of
-// them (`sum_split`); a tensor's last nbytes % 4 bytes are left out.
-// Returns the words' sum mod 2^32, so the reads cannot be optimised away.
-uint32_t words_avx2(const uint32_t* p, int64_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_epi32(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi32(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    a2 = _mm256_add_epi32(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 16)));
-    a3 = _mm256_add_epi32(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 24)));
-  }
-  alignas(32) uint32_t lanes[8];
-  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
-  uint32_t s = 0;
-  for (uint32_t v : lanes) s += v;
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-
-__attribute__((target("avx512f"))) uint32_t words_avx512(const uint32_t* p, int64_t n) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_add_epi32(a0, _mm512_loadu_si512(p + i));
-    a1 = _mm512_add_epi32(a1, _mm512_loadu_si512(p + i + 16));
-    a2 = _mm512_add_epi32(a2, _mm512_loadu_si512(p + i + 32));
-    a3 = _mm512_add_epi32(a3, _mm512_loadu_si512(p + i + 48));
-  }
-  const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
-  const uint32_t s = static_cast<uint32_t>(_mm512_reduce_add_epi32(sum));
-  return s + words_avx2(p + i, n - i);
-}
-
-at::Tensor stream_read(at::TensorList buffers, int64_t isa_arg) {
-  const Isa isa = resolve(isa_arg);
-  std::vector<std::pair<const uint32_t*, int64_t>> spans;  // (words, count), in order
-  for (const at::Tensor& b : buffers) {
-    TORCH_CHECK(b.device().is_cpu() && b.is_contiguous(), "stream_read: contiguous CPU tensors; got one on ",
-                b.device(), b.is_contiguous() ? "" : ", not contiguous");
-    const int64_t words = b.numel() * static_cast<int64_t>(b.element_size()) / 4;
-    if (words > 0) spans.emplace_back(static_cast<const uint32_t*>(b.const_data_ptr()), words);
-  }
-  const uint32_t s = sum_split<uint32_t>(
-      spans, [isa](const uint32_t* p, int64_t n) { return isa != AVX2 ? words_avx512(p, n) : words_avx2(p, n); });
-  return at::scalar_tensor(static_cast<int64_t>(s), at::TensorOptions().dtype(at::kLong));
-}
-
 int64_t bf16_isa(int64_t isa) { return resolve(isa); }
 
 }  // namespace
 
+// The path `isa` (0 auto) resolves to, checked as the matvec checks it; cpu_stream.cpp's read probes take it too.
+int64_t specbench_bf16_resolve(int64_t isa) { return resolve(isa); }
+
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("bf16_matvec(Tensor x, Tensor weight, Tensor? bias, int isa=0) -> Tensor");
-  m.def("stream_sum(Tensor buffer, int isa=0) -> Tensor");
-  m.def("stream_read(Tensor[] buffers, int isa=0) -> Tensor");
   m.def("bf16_isa(int isa=0) -> int", &bf16_isa);
 }
 
 TORCH_LIBRARY_IMPL(specbench, CPU, m) {
   m.impl("bf16_matvec", &bf16_matvec);
-  m.impl("stream_sum", &stream_sum);
-  m.impl("stream_read", &stream_read);
 }

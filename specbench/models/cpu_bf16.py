@@ -1,6 +1,6 @@
 """specbench's bf16 weight kernels (`cpu_bf16.cpp`): a product of a few activation rows with a bf16 weight that
-streams it once, split across all threads, and the read-bandwidth probes (`stream_sum` over a buffer of its own,
-`stream_read` over tensors where they lie: a model's weights).
+streams it once, split across all threads, and the read-bandwidth probes (`cpu_stream.cpp`: `stream_sum` over a
+buffer of its own, `stream_read` over tensors where they lie: a model's weights).
 
 Built into the extension of `cpu_matvec` (its `available()` builds and loads them); this module registers their
 shapes for `torch.compile` and picks the ISA path. The AVX-512-BF16 path (vdpbf16ps) runs where the CPU has it and

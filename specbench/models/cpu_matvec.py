@@ -1,6 +1,7 @@
 """specbench's own CPU kernels, as torch ops: weight-only int8 and int4 products for float32 activations (AVX2 +
 FMA; int8 also for bf16 ones, and on AVX-512 VNNI; `cpu_matvec.cpp`), one-query attention in float32 or bf16
-(`cpu_attention.cpp`) and the bf16 weight kernels (`cpu_bf16.cpp`, registered by `cpu_bf16`).
+(`cpu_attention.cpp`), the bf16 weight kernels (`cpu_bf16.cpp`) and the read probes (`cpu_stream.cpp`; both
+registered by `cpu_bf16`).
 
 torch has none that stream at memory speed on an AVX2 CPU: its int8 kernel takes bf16 activations only
 and its int4 kernel is compute-bound there, so a W8A16 / W4A16 draft of an fp32 target cost more than
@@ -30,7 +31,7 @@ from specbench.bench.envinfo import cpu_isa_flags
 
 SOURCES = tuple(
     Path(__file__).with_name(f)
-    for f in ("cpu_matvec.cpp", "cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_bf16.cpp")
+    for f in ("cpu_matvec.cpp", "cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_bf16.cpp", "cpu_stream.cpp")
 )
 NAME = "specbench_cpu_matvec"  # the extension's name, and its build folder's
 CLAIM = "specbench.lock"  # in the build folder: flock'ed by the process building or loading the kernels
