@@ -5,7 +5,7 @@ the read floor, interleaved in one process.
                                        [--ks 1] [--out DIR]
 
 Two copies of the target (pair.cpu_linear=tuned): `torch` with specbench's kernel off (inductor's linears, as
-before it) and `own` with it on from 1 to 8 rows (`CpuLinear.own_from`, `own_rows`), both compiled. Each block times --steps
+before it) and `own` with it on from 1 to 8 rows (`CpuLinear.own_counts`), both compiled. Each block times --steps
 one-row forwards of each copy in turn (a fresh prefill before each, outside the timing), then the read probe
 (`bench_weight_stream`, 3 repeats). Writes `steps.csv`, `floor.csv` and `summary.md` (median ms per setting, the
 read floor = target weight bytes ÷ the best read bandwidth, C_t1 ÷ floor, load averages) into --out.
@@ -28,7 +28,7 @@ from specbench.bench.microbench import bench_weight_stream, streamed_weight_byte
 from specbench.config import DraftConfig, PairConfig
 from specbench.decoding.forward import ForwardPath
 from specbench.models import cpu_bf16
-from specbench.models.kernels import CpuLinear
+from specbench.models.kernels import OWN_PROBE_ROWS, CpuLinear
 from specbench.models.pair import load_pair
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     for name, model in models.items():
         for m in model.modules():
             if isinstance(m, CpuLinear):
-                m.own_from, m.own_rows = 1, cpu_bf16.MAX_ROWS if name == "own" else 0
+                m.own_counts = OWN_PROBE_ROWS if name == "own" else ()
     need = args.prompt_tokens + max(args.ks) * (args.steps + 4)
     lms = {}
     for name, model in models.items():

@@ -95,7 +95,7 @@ def test_tuned_model_copies_quantizes_and_compiles():
         return gm.forward
 
     layer = model.model.layers[0].mlp.up_proj
-    layer.own_rows = 0  # specbench's kernel stays in a trace (tests/test_cpu_bf16.py); here torch's linear does
+    layer.own_counts = ()  # specbench's kernel stays in a trace (tests/test_cpu_bf16.py); here torch's linear does
     with torch.inference_mode():
         x = torch.randn(3, 32, dtype=torch.bfloat16)
         y = torch.compile(layer, backend=record, fullgraph=True)(x)
@@ -129,7 +129,7 @@ def test_rows_past_the_gemv_take_the_upcast_only_where_it_was_chosen_and_onednn_
     verify never widens the weight, even with no gemv or own rows (no C++ compiler, SPECBENCH_CPU_MATVEC=0)."""
     calls = []
     monkeypatch.setattr(CpuLinear, "upcast", lambda self, x: calls.append(x.shape[0]) or self.torch_default(x))
-    layer = CpuLinear(bf16_linear(), gemv_rows=0, own_rows=0)
+    layer = CpuLinear(bf16_linear(), gemv_rows=0)
     rows = (1, 8, kernels.UPCAST_MIN_ROWS - 1, kernels.UPCAST_MIN_ROWS, 64)
     with torch.inference_mode():
         for can_prepack, chosen, expected in (
@@ -149,7 +149,7 @@ def test_rows_past_the_gemv_take_the_upcast_only_where_it_was_chosen_and_onednn_
 def test_tuning_sets_the_upcast_choice_only_where_onednn_cannot_prepack_and_copies_keep_it(monkeypatch):
     asked, prepacks_here = [], prepack_supported()
     monkeypatch.setattr(kernels, "gemv_rows", lambda *shape: 0)
-    monkeypatch.setattr(kernels, "own_rows", lambda *shape: (0, 0))
+    monkeypatch.setattr(kernels, "own_rows", lambda *shape: ())
     monkeypatch.setattr(kernels, "upcast_wide", lambda *shape: asked.append(shape) or True)
     monkeypatch.setattr(kernels, "prepack_supported", lambda: False)
     model = tiny_llama(0, dtype=torch.bfloat16)

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from conftest import tiny_llama
+from torch import nn
 from torch._inductor.utils import run_and_get_code
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -53,6 +54,35 @@ def test_length_dependent_frequencies_keep_their_embedding():
     model = llama_with_rope({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     assert tabulate_rotary(model, 128) == 0
     assert not isinstance(model.model.rotary_emb, TableRotary)
+
+
+class Float32Rotary(nn.Module):
+    """As some transformers models' rotary embeddings do: float32 cos and sin whatever x's dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8), persistent=False)
+        self.attention_scaling = 1.0
+
+    def forward(self, x, position_ids):
+        emb = (position_ids[..., None].float() * self.inv_freq).repeat(1, 1, 2)
+        return emb.cos(), emb.sin()
+
+
+class ComplexRotary(Float32Rotary):
+    """As Llama 4's and DeepSeek-V2's: one complex tensor, not a (cos, sin) pair."""
+
+    def forward(self, x, position_ids):
+        angles = position_ids[..., None].float() * self.inv_freq
+        return torch.polar(torch.ones_like(angles), angles)
+
+
+@pytest.mark.parametrize("rotary", [Float32Rotary, ComplexRotary])
+def test_an_embedding_the_table_would_not_reproduce_is_left_as_it_is(rotary):
+    model = nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16))
+    model.rotary_emb = rotary()
+    assert tabulate_rotary(model, 32) == 0
+    assert type(model.rotary_emb) is rotary
 
 
 def test_a_compiled_static_lm_tabulates_its_copy_and_leaves_the_callers_model_alone():

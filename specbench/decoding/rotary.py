@@ -37,8 +37,10 @@ class TableRotary(nn.Module):
 
 def tabulate_rotary(model: nn.Module, positions: int) -> int:
     """Replace, in place, each rotary embedding of `model` whose frequencies are fixed (and whose forward takes just
-    x and position_ids, as transformers' Llama-like ones do) by a `TableRotary` of `positions` positions (a fast
-    path's capacity: a token's position is its column). Returns how many were."""
+    x and position_ids) by a `TableRotary` of `positions` positions (a fast path's capacity: a token's position is its
+    column), where the table gives the module's own (cos, sin) in the model's dtype at the first, a middle and the last
+    position; a module that returns something else (one complex tensor, or float32 whatever x's dtype) is left as it
+    is. Returns how many were replaced."""
     found = [
         (parent, name, child)
         for parent in model.modules()
@@ -48,6 +50,26 @@ def tabulate_rotary(model: nn.Module, positions: int) -> int:
         and list(inspect.signature(child.forward).parameters) == ["x", "position_ids"]
         and not any(kind in str(getattr(child, "rope_type", "")) for kind in LENGTH_DEPENDENT)
     ]
+    dtype = next(model.parameters()).dtype
+    replaced = 0
     for parent, name, child in found:
-        setattr(parent, name, TableRotary(child, positions))
-    return len(found)
+        try:
+            table = TableRotary(child, positions)
+        except (TypeError, ValueError, RuntimeError):  # not a (cos, sin) pair of [1, positions, d] tensors
+            continue
+        if _same(child, table, dtype, positions):
+            setattr(parent, name, table)
+            replaced += 1
+    return replaced
+
+
+def _same(rotary: nn.Module, table: TableRotary, dtype: torch.dtype, positions: int) -> bool:
+    ids = torch.tensor([[0, positions // 2, positions - 1]], device=table.cos.device)
+    x = torch.empty(0, dtype=dtype, device=ids.device)
+    with torch.no_grad():
+        want, got = rotary(x, ids), table(x, ids)
+    return (
+        isinstance(want, tuple)
+        and len(want) == 2
+        and all(w.dtype == g.dtype and w.shape == g.shape and torch.equal(w, g) for w, g in zip(want, got))
+    )

@@ -310,7 +310,7 @@ at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std:
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   // Each path reads the activations in its own type: one conversion per call (ggml converts them once too). bf16
   // rows for the AVX2 path are widened here, a pass of rows at a time, not by torch: its conversion and the tensor
-  // it allocates cost 3 (one row) to 10 us (six) a call (analysis/profile_step_cpu_avx512_avx2_path/).
+  // it allocates cost ~3 us a call, 121 calls a step (analysis/profile_step_cpu_avx512_avx2_path/).
   const bool widen = isa == AVX2 && x.scalar_type() == at::kBFloat16;
   const at::Tensor xs = widen ? x.contiguous() : x.to(isa != AVX2 ? at::kBFloat16 : at::kFloat).contiguous();
   thread_local std::vector<float> wide;  // the caller's, kept: no allocation a call
@@ -341,16 +341,15 @@ at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std:
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-int64_t bf16_isa(int64_t isa) { return resolve(isa); }
-
 }  // namespace
 
-// The path `isa` (0 auto) resolves to, checked as the matvec checks it; cpu_stream.cpp's read probes take it too.
+// The path `isa` (0 auto) resolves to, checked as the matvec checks it: the `bf16_isa` op, and cpu_stream.cpp's read
+// probes' path.
 int64_t specbench_bf16_resolve(int64_t isa) { return resolve(isa); }
 
 TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("bf16_matvec(Tensor x, Tensor weight, Tensor? bias, int isa=0) -> Tensor");
-  m.def("bf16_isa(int isa=0) -> int", &bf16_isa);
+  m.def("bf16_isa(int isa=0) -> int", &specbench_bf16_resolve);
 }
 
 TORCH_LIBRARY_IMPL(specbench, CPU, m) {

@@ -7,15 +7,14 @@ ATen's gemv falls far behind, while the prepacked kernel's time stays nearly fla
 (so a verify forward of γ + 1 costs little more than one row). Its result equals torch's default bit
 for bit; the gemv's can differ in the last bf16 bit (a different summation order). `CpuLinear` keeps
 the weight and a prepacked copy, and takes the gemv up to the rows where it was measured faster for
-its shape. From `own_from` to `own_rows` rows (at most `cpu_bf16.MAX_ROWS`) it takes specbench's own bf16 kernel
-(`cpu_bf16.cpp`: each weight streamed once across all threads) where that was measured faster than both;
+its shape. At the row counts where specbench's own bf16 kernel (`cpu_bf16.cpp`: each weight streamed once across all
+threads) was measured not slower than both (`own_counts`, up to `cpu_bf16.MAX_ROWS`) it takes that kernel;
 that kernel is an op `torch.compile` calls too, so the compiled fast path runs it in place of inductor's GEMM.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import time
 
@@ -123,24 +122,44 @@ def pick_gemv_rows(timings: dict) -> int:
     return best
 
 
+OWN_PROBE_ROWS = tuple(r for r in PROBE_ROWS if r <= cpu_bf16.MAX_ROWS)  # the counts specbench's kernel is timed at
+
+
+def own_probe(rows: int) -> int | None:
+    """The probed count that decides `rows` rows: the fewest of `OWN_PROBE_ROWS` at or above it (a verify of 6 rows
+    is decided at 8); None past `cpu_bf16.MAX_ROWS`."""
+    return next((r for r in OWN_PROBE_ROWS if r >= rows), None)
+
+
+def own_spans(own_counts: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The widths 1..`cpu_bf16.MAX_ROWS` whose probed count (`own_probe`) is in `own_counts`, as (fewest, most) spans:
+    (1, 4, 8) -> ((1, 1), (3, 8))."""
+    spans: list[list[int]] = []
+    for rows in range(1, cpu_bf16.MAX_ROWS + 1):
+        if own_probe(rows) in own_counts:
+            if spans and spans[-1][1] == rows - 1:
+                spans[-1][1] = rows
+            else:
+                spans.append([rows, rows])
+    return tuple((low, high) for low, high in spans)
+
+
 @functools.cache
-def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> tuple[int, int]:
-    """(fewest, most) rows, of `PROBE_ROWS` up to `cpu_bf16.MAX_ROWS`, between which specbench's bf16 kernel is not
-    beaten by either of torch's (ATen's gemv and the prepacked or default kernel) for this shape; (0, 0) where it
-    never is or is not built. Timed once per machine and software version (`choices.cached`) by `time_own_rows`,
-    decided by `pick_own_rows`."""
+def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> tuple[int, ...]:
+    """The counts of `OWN_PROBE_ROWS` at which specbench's bf16 kernel is not beaten by either of torch's (ATen's
+    gemv and the prepacked or default kernel) for this shape; () where it never is or is not built. Timed once per
+    machine and software version (`choices.cached`) by `time_own_rows`, decided by `pick_own_rows`."""
     if not cpu_bf16.available():
-        return 0, 0
-    name = f"own_row_range bf16 {out_features}x{in_features} prepacked={prepacked} stream={stream_bytes}"
+        return ()
+    name = f"own_row_counts bf16 {out_features}x{in_features} prepacked={prepacked} stream={stream_bytes}"
     timings = functools.partial(time_own_rows, out_features, in_features, prepacked, stream_bytes)
-    low, high = choices.cached(name, timings, pick_own_rows)[0]  # a list when read back from the cache file
-    return low, high
+    return tuple(choices.cached(name, timings, pick_own_rows)[0])  # a list when read back from the cache file
 
 
 def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> dict:
-    """{rows: {"own": s, "gemv": s, "other": s}} at every probed row count up to `cpu_bf16.MAX_ROWS`, over weight
-    copies adding up to `stream_bytes` (as `time_gemv_rows`). Every count, not up to the first that torch's kernels
-    win: one that wins a decode step's row can still lose a verify's γ + 1 by several times."""
+    """{rows: {"own": s, "gemv": s, "other": s}} at every count of `OWN_PROBE_ROWS`, over weight copies adding up to
+    `stream_bytes` (as `time_gemv_rows`). Every count, not up to the first that torch's kernels win: one that wins a
+    decode step's row can still lose a verify's γ + 1 by several times."""
     layers = probe_layers(out_features, in_features, stream_bytes)
     kernels = {
         "own": [m.own for m in layers],
@@ -149,7 +168,7 @@ def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_b
     }
     timings = {}
     with torch.inference_mode():
-        for rows in (r for r in PROBE_ROWS if r <= cpu_bf16.MAX_ROWS):
+        for rows in OWN_PROBE_ROWS:
             x = torch.randn(rows, in_features, dtype=torch.bfloat16)
             timings[str(rows)] = interleaved_medians(
                 {name: lambda fs=fs, x=x: [f(x) for f in fs] for name, fs in kernels.items()}
@@ -157,23 +176,19 @@ def time_own_rows(out_features: int, in_features: int, prepacked: bool, stream_b
     return timings
 
 
-def pick_own_rows(timings: dict) -> tuple[int, int]:
-    """The rule: the longest run of consecutive probed row counts at none of which a kernel of torch's was clearly
-    faster (`clearly_faster`) than specbench's, as (its fewest, its most); (0, 0) where there is none. Of two runs
-    as long, the one at fewer rows: plain decoding, the baseline speculation is measured against, is never the one
-    given up. A near-tie goes to specbench's kernel: it streams the weight once whatever the rows (up to
-    `MAX_ROWS`), so the one kernel that ties at a decode step's row is the one that stays fast at a verify's γ + 1
-    rows, where torch's gemv slows with every row (analysis/bf16_matvec_cpu_avx512). One that loses the decode
-    step's row can still win every verify's (analysis/avx2_verify_cpu_avx512)."""
-    won = [
-        (rows, not clearly_faster(min(t["gemv"], t["other"]), t["own"]))
+def pick_own_rows(timings: dict) -> tuple[int, ...]:
+    """The rule: each probed row count on its own, specbench's kernel at those where no kernel of torch's was clearly
+    faster (`clearly_faster`). A near-tie goes to specbench's kernel: it streams the weight once whatever the rows (up
+    to `MAX_ROWS`), so the one kernel that ties at a decode step's row is the one that stays fast at a verify's γ + 1
+    rows, where torch's gemv slows with every row (analysis/bf16_matvec_cpu_avx512). One that loses the decode step's
+    row can still win every verify's (analysis/avx2_verify_cpu_avx512). Counts, not a range: a range (the longest run
+    of won counts) gave a head that won the one-row step by 27% to torch's kernel there, because it lost the 2-row
+    count between wins at 1, 4 and 8 (analysis/profile_step_cpu_avx512_avx2_path/)."""
+    return tuple(
+        rows
         for rows, t in sorted((int(rows), t) for rows, t in timings.items())
-    ]
-    runs = [[rows for rows, _ in run] for wins, run in itertools.groupby(won, key=lambda w: w[1]) if wins]
-    if not runs:
-        return 0, 0
-    best = max(runs, key=lambda run: (len(run), -run[0]))
-    return best[0], best[-1]
+        if not clearly_faster(min(t["gemv"], t["other"]), t["own"])
+    )
 
 
 WIDE_ROWS = 64  # a prompt chunk: the rows at which `upcast_wide` times the kernels past the gemv's
@@ -212,10 +227,10 @@ def pick_wide(timings: dict) -> bool:
 
 class CpuLinear(nn.Linear):
     """An nn.Linear (same parameters, so ties, quantizers and state dicts see no difference) whose bf16
-    CPU forward takes specbench's bf16 kernel from `own_from` to `own_rows` rows (also inside a `torch.compile` trace),
-    else ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight past them; where oneDNN cannot
-    prepack bf16, torch's bf16 linear or, from `UPCAST_MIN_ROWS` rows where `upcast_wide` measured it faster, the
-    weight widened to float32.
+    CPU forward takes specbench's bf16 kernel at the row counts its probe decides for it (`own_counts`, `takes_own`;
+    also inside a `torch.compile` trace), else ATen's gemv up to `gemv_rows` rows and oneDNN with a prepacked weight
+    past them; where oneDNN cannot prepack bf16, torch's bf16 linear or, from `UPCAST_MIN_ROWS` rows where
+    `upcast_wide` measured it faster, the weight widened to float32.
 
     Anything else (another dtype or device, autograd, a `torch.compile` trace outside those rows, which
     inductor prepacks on its own) runs `nn.Linear.forward`. The prepacked copy is made by `pack` (at tuning; a copy of the layer makes
@@ -224,7 +239,7 @@ class CpuLinear(nn.Linear):
     isa = cpu_bf16.AUTO  # the own kernel's path (`cpu_bf16.isa_path`); a side-by-side comparison sets another
     upcast_wide = False  # measured per shape by `tune_cpu_linears` where oneDNN cannot prepack bf16
 
-    def __init__(self, linear: nn.Linear, gemv_rows: int = 1, own_rows: int = 0, own_from: int = 1) -> None:
+    def __init__(self, linear: nn.Linear, gemv_rows: int = 1, own_counts: tuple[int, ...] = ()) -> None:
         nn.Module.__init__(self)  # nn.Linear's own __init__ would allocate and initialise a weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameters: a tied head stays tied
@@ -232,12 +247,29 @@ class CpuLinear(nn.Linear):
         self.can_prepack = prepack_supported()
         self.packed: torch.Tensor | None = None
         self.gemv_rows = gemv_rows  # measured per shape by `tune_cpu_linears`
-        if own_rows and not cpu_bf16.available():
-            raise ValueError(f"CpuLinear own_rows={own_rows}: specbench's bf16 kernel is not built here; allowed: 0")
-        if own_rows and not 1 <= own_from <= own_rows:
-            raise ValueError(f"CpuLinear own_from={own_from}: allowed 1 to own_rows={own_rows}")
-        # own_from to own_rows rows take specbench's kernel (own_rows 0: none); measured per shape by `tune_cpu_linears`
-        self.own_from, self.own_rows = max(1, own_from), min(own_rows, cpu_bf16.MAX_ROWS)
+        self.own_counts = own_counts  # measured per shape by `tune_cpu_linears`
+
+    @property
+    def own_counts(self) -> tuple[int, ...]:
+        """The probed counts that take specbench's kernel (`own_probe` maps a width to one)."""
+        return self._own_counts
+
+    @own_counts.setter
+    def own_counts(self, counts: tuple[int, ...]) -> None:
+        if counts and not cpu_bf16.available():
+            raise ValueError(
+                f"CpuLinear own_counts={tuple(counts)}: specbench's bf16 kernel is not built here; allowed: ()"
+            )
+        if any(r not in OWN_PROBE_ROWS for r in counts):
+            raise ValueError(f"CpuLinear own_counts={tuple(counts)}: allowed counts are {OWN_PROBE_ROWS}")
+        self._own_counts = tuple(sorted(set(counts)))
+        self.own_spans = own_spans(self._own_counts)  # what `forward` asks, kept with the counts
+
+    def takes_own(self, rows: int) -> bool:
+        """Whether `rows` activation rows take specbench's kernel: as its probed count (`own_probe`) was decided. Asked
+        as spans of widths, so a compiled trace over a symbolic width guards only where the decision changes (every
+        verify width on one graph where all are won)."""
+        return any(low <= rows <= high for low, high in self.own_spans)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -276,7 +308,7 @@ class CpuLinear(nn.Linear):
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         )
         rows = x.numel() // max(1, x.shape[-1])
-        if plain and self.own_from <= rows <= self.own_rows:
+        if plain and self.takes_own(rows):
             return self.own(x)
         if not plain or torch.compiler.is_compiling():
             return super().forward(x)
@@ -302,8 +334,7 @@ def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
     prepacked, stream = prepack_supported(), min(PROBE_BYTES, packed_bytes)
     for parent, name, child in linears:
         shape = (child.out_features, child.in_features, prepacked, stream)
-        low, high = own_rows(*shape)
-        layer = CpuLinear(child, gemv_rows(*shape), high, own_from=low)
+        layer = CpuLinear(child, gemv_rows(*shape), own_rows(*shape))
         layer.upcast_wide = not prepacked and upcast_wide(child.out_features, child.in_features, stream)
         layer.pack()
         setattr(parent, name, layer)
