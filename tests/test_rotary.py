@@ -48,6 +48,8 @@ def test_the_table_gives_the_models_own_cos_and_sin_bit_for_bit(rope, dtype):
     for want, got in zip(rotary(x, positions), table(x, positions)):
         assert got.dtype == want.dtype == dtype and got.shape == want.shape == (3, 7, 8)
         assert torch.equal(got, want)
+    model = llama_with_rope(rope).to(dtype)  # and the check before installing one agrees, in the model's dtype
+    assert tabulate_rotary(model, 300) == 1 and isinstance(model.model.rotary_emb, TableRotary)
 
 
 def test_length_dependent_frequencies_keep_their_embedding():

@@ -30,7 +30,7 @@ torch.set_num_threads(2)
 assert cpu_bf16.isa_path() == "amx_bf16", cpu_bf16.isa_path()
 pair = load_pair(PairConfig(dtype="bfloat16"), DraftConfig(kind="w8a16"))
 model = pair.target
-own = {f"{m.out_features}x{m.in_features}": m.own_rows for m in model.modules() if isinstance(m, CpuLinear)}
+own = {f"{m.out_features}x{m.in_features}": m.own_counts for m in model.modules() if isinstance(m, CpuLinear)}
 need = args.prompt_tokens + (args.steps + 1) * args.k + 2
 lms = {}
 for name, cap in (("old", need), ("new", need + 1)):  # capacities differ: each LM compiles its own graphs
@@ -62,7 +62,7 @@ assert counters["frames"]["ok"] == compiled_frames, "a graph recompiled while ti
 ratios = sorted(n / o for n, o in zip(times["new"], times["old"]))
 print(
     f"{hardware_label('cpu')}, 2 threads, target (bfloat16, {args.compile_mode}), k = {args.k}, "
-    f"{args.prompt_tokens}-token prompt, {args.rounds} rounds x {args.steps} steps, alternated; own_rows {own}"
+    f"{args.prompt_tokens}-token prompt, {args.rounds} rounds x {args.steps} steps, alternated; own_counts {own}"
 )
 for name in ("old", "new"):
     ts = sorted(times[name])

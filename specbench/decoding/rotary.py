@@ -50,7 +50,12 @@ def tabulate_rotary(model: nn.Module, positions: int) -> int:
         and list(inspect.signature(child.forward).parameters) == ["x", "position_ids"]
         and not any(kind in str(getattr(child, "rope_type", "")) for kind in LENGTH_DEPENDENT)
     ]
-    dtype = next(model.parameters()).dtype
+    if not found:
+        return 0
+    # the activations' dtype: the model's (transformers'), else its first floating-point parameter's
+    dtype = getattr(model, "dtype", None) or next(
+        (t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32
+    )
     replaced = 0
     for parent, name, child in found:
         try:
