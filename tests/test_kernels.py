@@ -124,7 +124,7 @@ def test_upcast_is_the_float32_product_of_the_bf16_values_rounded_once():
 
 
 def test_rows_past_the_gemv_take_the_upcast_only_where_it_was_chosen_and_onednn_cannot_prepack(monkeypatch):
-    """Past `gemv_rows` (and `own_rows`): oneDNN's prepacked kernel where it can prepack; else, from
+    """Past `gemv_rows` (and `own_counts`): oneDNN's prepacked kernel where it can prepack; else, from
     `UPCAST_MIN_ROWS` rows, the upcast where `upcast_wide` chose it; else torch's bf16 linear. A decode step or a
     verify never widens the weight, even with no gemv or own rows (no C++ compiler, SPECBENCH_CPU_MATVEC=0)."""
     calls = []
@@ -149,7 +149,7 @@ def test_rows_past_the_gemv_take_the_upcast_only_where_it_was_chosen_and_onednn_
 def test_tuning_sets_the_upcast_choice_only_where_onednn_cannot_prepack_and_copies_keep_it(monkeypatch):
     asked, prepacks_here = [], prepack_supported()
     monkeypatch.setattr(kernels, "gemv_rows", lambda *shape: 0)
-    monkeypatch.setattr(kernels, "own_rows", lambda *shape: ())
+    monkeypatch.setattr(kernels, "own_row_counts", lambda *shape: ())
     monkeypatch.setattr(kernels, "upcast_wide", lambda *shape: asked.append(shape) or True)
     monkeypatch.setattr(kernels, "prepack_supported", lambda: False)
     model = tiny_llama(0, dtype=torch.bfloat16)

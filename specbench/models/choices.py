@@ -1,7 +1,7 @@
 """Choices made from timings, made once per machine and software version and kept on disk.
 
 `pair.dtype=auto` on CPU (`loading.fastest_cpu_dtype`), the bf16 linears' gemv and own rows and their prompt
-rows' widening (`kernels.gemv_rows`, `own_rows`, `upcast_wide`) and the weight-only layers' kernel rows
+rows' widening (`kernels.gemv_rows`, `own_row_counts`, `upcast_wide`) and the weight-only layers' kernel rows
 (`quant.kernel_rows`) are decided by timing kernels. Timed anew in every process, a near-even choice flipped
 between jobs of one sweep (and a test comparing two probes failed on a busy machine). So each is timed once, by
 the first process that needs it, and its timings and choice are written to `<specbench cache>/choices/<key>.json`;

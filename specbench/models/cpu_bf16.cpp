@@ -314,7 +314,8 @@ at::Tensor bf16_matvec(const at::Tensor& x, const at::Tensor& weight, const std:
   const bool widen = isa == AVX2 && x.scalar_type() == at::kBFloat16;
   const at::Tensor xs = widen ? x.contiguous() : x.to(isa != AVX2 ? at::kBFloat16 : at::kFloat).contiguous();
   thread_local std::vector<float> wide;  // the caller's, kept: no allocation a call
-  if (widen && wide.size() < static_cast<size_t>(std::min(MAX_ROWS, M) * K)) wide.resize(std::min(MAX_ROWS, M) * K);
+  const auto pass = static_cast<size_t>(std::min(MAX_ROWS, M) * K);  // floats of one pass of rows
+  if (widen && wide.size() < pass) wide.resize(pass);
   // bf16 rows without a bias get their bf16 result written directly (a conversion a call was a visible share of
   // the small k/v layers' time); otherwise fp32 sums, the bias added, then x's dtype.
   const bool direct = x.scalar_type() == at::kBFloat16 && !bias.has_value();

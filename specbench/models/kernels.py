@@ -15,6 +15,7 @@ that kernel is an op `torch.compile` calls too, so the compiled fast path runs i
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import time
 
@@ -134,18 +135,12 @@ def own_probe(rows: int) -> int | None:
 def own_spans(own_counts: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """The widths 1..`cpu_bf16.MAX_ROWS` whose probed count (`own_probe`) is in `own_counts`, as (fewest, most) spans:
     (1, 4, 8) -> ((1, 1), (3, 8))."""
-    spans: list[list[int]] = []
-    for rows in range(1, cpu_bf16.MAX_ROWS + 1):
-        if own_probe(rows) in own_counts:
-            if spans and spans[-1][1] == rows - 1:
-                spans[-1][1] = rows
-            else:
-                spans.append([rows, rows])
-    return tuple((low, high) for low, high in spans)
+    widths = itertools.groupby(range(1, cpu_bf16.MAX_ROWS + 1), key=lambda rows: own_probe(rows) in own_counts)
+    return tuple((run[0], run[-1]) for own, group in widths if own for run in [list(group)])
 
 
 @functools.cache
-def own_rows(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> tuple[int, ...]:
+def own_row_counts(out_features: int, in_features: int, prepacked: bool, stream_bytes: int) -> tuple[int, ...]:
     """The counts of `OWN_PROBE_ROWS` at which specbench's bf16 kernel is not beaten by either of torch's (ATen's
     gemv and the prepacked or default kernel) for this shape; () where it never is or is not built. Timed once per
     machine and software version (`choices.cached`) by `time_own_rows`, decided by `pick_own_rows`."""
@@ -334,7 +329,7 @@ def tune_cpu_linears(model: nn.Module) -> dict[str, int]:
     prepacked, stream = prepack_supported(), min(PROBE_BYTES, packed_bytes)
     for parent, name, child in linears:
         shape = (child.out_features, child.in_features, prepacked, stream)
-        layer = CpuLinear(child, gemv_rows(*shape), own_rows(*shape))
+        layer = CpuLinear(child, gemv_rows(*shape), own_row_counts(*shape))
         layer.upcast_wide = not prepacked and upcast_wide(child.out_features, child.in_features, stream)
         layer.pack()
         setattr(parent, name, layer)

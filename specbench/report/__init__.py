@@ -94,9 +94,8 @@ def build_report(
     deploy = []
     if data.schedules:  # engine files follow the first metric's schedule (throughput)
         deploy = write_deployment(next(iter(data.schedules.values())), out_dir / "deploy")
-    engines = engines_tables(
-        data.requests, data.rounds, data.hardware_limit, data.timing
-    )  # every engine vs every baseline
+    # every engine vs every baseline
+    engines = engines_tables(data.requests, data.rounds, data.hardware_limit, data.timing)
     tables = write_tables({**data.tables(), **engines}, out_dir / "tables")
     links = [p.relative_to(out_dir).as_posix() for p in deploy]
     sections, notes = build_sections(data, save_png(out_dir, PLOT_DPI), links)

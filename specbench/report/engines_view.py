@@ -184,7 +184,7 @@ def _ms(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def engines_tables(
-    requests: pd.DataFrame, rounds: pd.DataFrame, hardware_limit: pd.DataFrame, timing: pd.DataFrame | None = None
+    requests: pd.DataFrame, rounds: pd.DataFrame, hardware_limit: pd.DataFrame, timing: pd.DataFrame
 ) -> dict:
     """{"engines", "engines_per_prompt", "engines_floors", "engines_llama_floor"}: the tables of `engines_sections`."""
     engines = engines_table(engine_pairs(requests))
@@ -192,7 +192,7 @@ def engines_tables(
         "engines": engines,
         "engines_per_prompt": per_prompt_table(requests) if len(engines) else pd.DataFrame(),
         "engines_floors": floor_table(rounds, hardware_limit, engines),
-        "engines_llama_floor": demonstrated_floor(pd.DataFrame() if timing is None else timing, hardware_limit),
+        "engines_llama_floor": demonstrated_floor(timing, hardware_limit),
     }
 
 
