@@ -145,6 +145,36 @@ def test_engines_floor_table_counts_no_draft_floor_where_the_draft_probe_is_miss
     assert math.isfinite(ngram["ideal at own read floors"])  # no weights: the draft costs no floor
 
 
+def test_break_even_draft_cost_solves_the_round_for_c_d():
+    """E[N]·C_t1 = d·C_d + C_t(d+1) + C_o solved for C_d, on the EPYC AVX2 job's figures (avx2_own_counts: E[N]
+    5.316, C_t1 12.176 ms, C_t(6) 20.092 ms, d = 5) with a 1 ms C_o; 0 where the verify alone costs more than the
+    tokens it yields at C_t1 each."""
+    from specbench.report.engines_view import break_even_cd
+
+    costs = {"E[N]": 5.316, "C_t1": 12.176e-3, "C_t(d+1)": 20.092e-3, "C_o": 1e-3, "drafted per round": 5.0}
+    assert math.isclose(break_even_cd(costs), (5.316 * 12.176 - 20.092 - 1.0) / 5 * 1e-3)
+    assert break_even_cd({**costs, "E[N]": 1.5}) == 0.0
+
+
+def test_engines_floor_table_gives_the_break_even_draft_cost():
+    """Each speculative engine's row: C_d at break-even from the row's own E[N], C_t1, C_t(d+1), C_o and drafted
+    tokens, and the measured C_d against it; in the report in ms."""
+    from specbench.report.engines_view import _ms, floor_table
+
+    rounds = synthetic_sweep(gammas=(2,), alphas={"chat": (0.8, 0.7)}, n_prompts=3, new_tokens=24, seed=5)["rounds"]
+    keys = rounds[["hardware", "dtype", "target", "draft"]].drop_duplicates().iloc[0].to_dict()
+    table = floor_table(rounds, hardware_limit(_timing(**keys), _floor().assign(**keys)), pd.DataFrame())
+    row = table.iloc[0]
+    spare = row["E[N]"] * row["C_t1"] - row["C_t(d+1)"] - row["C_o"]
+    assert spare > 0 and math.isclose(row["C_d at break-even"], spare / row["drafted per round"])
+    assert math.isclose(row["C_d ÷ break-even"], row["C_d per token"] / row["C_d at break-even"])
+    assert math.isclose(_ms(table).iloc[0]["C_d at break-even ms"], 1e3 * row["C_d at break-even"])
+    # a verify no acceptance pays for (the plain steps as they were): no draft cost ties
+    slow = rounds.assign(t_verify=rounds["t_verify"].where(rounds["gamma"] == 0, rounds["t_verify"] * 100))
+    row = floor_table(slow, hardware_limit(_timing(**keys), _floor().assign(**keys)), pd.DataFrame()).iloc[0]
+    assert row["C_d at break-even"] == 0.0 and math.isnan(row["C_d ÷ break-even"])
+
+
 def test_engines_section_sets_llama_cpps_plain_step_beside_the_target_floors():
     """The demonstrated floor: llama.cpp's llama-bench C_t1 (30 ms) over specbench's target floors on the same
     hardware and target (matvec 20 ms, read 10 ms, own read 15 ms), and specbench's C_t1 (40 ms) against it; a

@@ -92,3 +92,11 @@ def test_failed_and_unfinished_jobs_are_listed_in_the_report(sweep, tmp_path):
 def test_build_report_names_a_bad_gamma_max(sweep, tmp_path):
     with pytest.raises(ValueError, match=r"gamma_max=0: must be an integer >= 1"):
         report.build_report(sweep["rounds"], sweep["requests"], sweep["ct"], tmp_path, gamma_max=0)
+
+
+def test_an_infinite_cell_renders_as_infinity():
+    """A ratio over a zero cost is inf: the table cell says so (it raised OverflowError in int(v) before)."""
+    from specbench.report.render import fmt_value
+
+    assert fmt_value(float("inf")) == "∞" and fmt_value(float("-inf")) == "−∞"
+    assert fmt_value(float("nan")) == "–" and fmt_value(2.0) == "2" and fmt_value(0.5) == "0.500"

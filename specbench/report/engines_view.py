@@ -114,7 +114,15 @@ def _job_costs(rounds: pd.DataFrame, decoder: str) -> dict:
         "C_d per token": cd,
         "C_t(d+1)": sp["t_verify"].mean(),
         "C_o share": sp["t_overhead"].sum() / sp["t_round"].sum(),
+        "C_o": sp["t_overhead"].mean(),
     }
+
+
+def break_even_cd(costs: dict) -> float:
+    """The C_d per drafted token at which rounds of these E[N], C_t(d+1) and C_o tie the plain steps (C_t1 each):
+    E[N]·C_t1 = d·C_d + C_t(d+1) + C_o solved for C_d; 0 where the verify and overhead alone cost more."""
+    spare = costs["E[N]"] * costs["C_t1"] - costs["C_t(d+1)"] - costs["C_o"]
+    return max(spare, 0.0) / costs["drafted per round"]
 
 
 def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.DataFrame) -> pd.DataFrame:
@@ -135,6 +143,10 @@ def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.
             keys = {k: r[k].iloc[0] for k in (*FLOOR_KEYS, "batch_size") if k in r.columns}
             row = {**({"job": job} if job is not None else {}), "decoder": decoder, "draft": keys.get("draft"), **costs}
             row["c = C_d/C_t1"] = costs["C_d per token"] / costs["C_t1"]
+            # what the draft may cost for speculation to pay at all, at the acceptance and verify cost measured
+            row["C_d at break-even"] = break_even_cd(costs)
+            spare = row["C_d at break-even"]
+            row["C_d ÷ break-even"] = costs["C_d per token"] / spare if spare else np.nan  # –: no draft cost pays
             hl = hardware_limit
             if len(hl):
                 hl = hl[np.logical_and.reduce([hl[k] == v for k, v in keys.items() if k in hl.columns] or [True])]
@@ -179,7 +191,7 @@ def demonstrated_floor(timing: pd.DataFrame, hardware_limit: pd.DataFrame) -> pd
 
 def _ms(df: pd.DataFrame) -> pd.DataFrame:
     """Seconds -> milliseconds for reading."""
-    cols = ("C_t1", "C_d per token", "C_t(d+1)", "llama.cpp C_t1")
+    cols = ("C_t1", "C_d per token", "C_t(d+1)", "C_o", "C_d at break-even", "llama.cpp C_t1")
     return df.assign(**{c: df[c] * 1e3 for c in cols if c in df}).rename(columns={c: f"{c} ms" for c in cols})
 
 
@@ -232,7 +244,11 @@ def engines_sections(tables: dict) -> list[Section]:
                     "each model's own weights where they lie; `Hardware limit`). "
                     "Ideal = E[N]·floor_t / (d·floor_d + C_t(d+1)) with d drafted tokens per round: the speedup "
                     "if both models streamed their weights at the floor; the share is the measured median speedup "
-                    "over the engine's own baseline ÷ that ideal."
+                    "over the engine's own baseline ÷ that ideal. C_d at break-even = (E[N]·C_t1 − C_t(d+1) − C_o) / d: "
+                    "the most a drafted token may cost for these rounds to tie the plain steps, at the acceptance, "
+                    "verify cost and overhead measured (0, and C_d ÷ break-even –, where even a free draft would "
+                    "not pay); C_d ÷ break-even above 1: the draft, not acceptance, is what keeps speculation from "
+                    "paying."
                 ],
                 tables=[
                     (

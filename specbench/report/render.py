@@ -35,6 +35,8 @@ def fmt_value(v) -> str:
         return str(int(v))
     if isinstance(v, (float, np.floating)):
         v = float(v)
+        if math.isinf(v):  # int(v) would raise: a ratio over a zero cost
+            return "∞" if v > 0 else "−∞"
         if v == int(v) and abs(v) < 1e6:
             return str(int(v))
         if abs(v) >= 100:
