@@ -146,32 +146,49 @@ def test_engines_floor_table_counts_no_draft_floor_where_the_draft_probe_is_miss
 
 
 def test_break_even_draft_cost_solves_the_round_for_c_d():
-    """E[N]·C_t1 = d·C_d + C_t(d+1) + C_o solved for C_d, on the EPYC AVX2 job's figures (avx2_own_counts: E[N]
-    5.316, C_t1 12.176 ms, C_t(6) 20.092 ms, d = 5) with a 1 ms C_o; 0 where the verify alone costs more than the
-    tokens it yields at C_t1 each."""
+    """At C_d = break-even the cost model's own speedup (`speedup_formula`, the plain step as its C_t1) is 1, on the
+    EPYC AVX2 job's figures (avx2_break_even: E[N] 5.316, C_t(6) 17.075 ms, C_o 1.269 ms, d = 5; a plain step of
+    11.6 ms); 0 where the verify alone costs more than the tokens it yields; NaN where no round drafted."""
+    from specbench.analysis.speedup import speedup_formula
     from specbench.report.engines_view import break_even_cd
 
-    costs = {"E[N]": 5.316, "C_t1": 12.176e-3, "C_t(d+1)": 20.092e-3, "C_o": 1e-3, "drafted per round": 5.0}
-    assert math.isclose(break_even_cd(costs), (5.316 * 12.176 - 20.092 - 1.0) / 5 * 1e-3)
+    costs = {"E[N]": 5.316, "plain step": 11.6e-3, "C_t(d+1)": 17.075e-3, "C_o": 1.269e-3, "drafted per round": 5.0}
+    tie = break_even_cd(costs)
+    assert math.isclose(tie, (5.316 * 11.6 - 17.075 - 1.269) / 5 * 1e-3)
+    assert math.isclose(speedup_formula(5.316, 11.6e-3, 5 * tie, 17.075e-3, 1.269e-3), 1.0)
     assert break_even_cd({**costs, "E[N]": 1.5}) == 0.0
+    assert math.isnan(break_even_cd({**costs, "drafted per round": 0.0}))
 
 
-def test_engines_floor_table_gives_the_break_even_draft_cost():
-    """Each speculative engine's row: C_d at break-even from the row's own E[N], C_t1, C_t(d+1), C_o and drafted
-    tokens, and the measured C_d against it; in the report in ms."""
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_engines_floor_table_gives_the_break_even_draft_cost(batch_size):
+    """Each speculative engine's row, batch rows or not: at its break-even C_d its rounds' time per token equals the
+    plain step's (`speedup_formula` = 1 on the row's E[N], d, C_t(d+1) and C_o); C_o and the plain step are the
+    means per round of the engine's `t_overhead` and the baseline's `t_round`; in the report in ms; no draft cost
+    pays for a verify 100x as long."""
+    from specbench.analysis.rows import round_level
+    from specbench.analysis.speedup import speedup_formula
     from specbench.report.engines_view import _ms, floor_table
 
-    rounds = synthetic_sweep(gammas=(2,), alphas={"chat": (0.8, 0.7)}, n_prompts=3, new_tokens=24, seed=5)["rounds"]
+    sweep = synthetic_sweep(
+        gammas=(2,), alphas={"chat": (0.8, 0.7)}, batch_sizes=(batch_size,), n_prompts=4, new_tokens=24, seed=5
+    )
+    rounds = sweep["rounds"]
     keys = rounds[["hardware", "dtype", "target", "draft"]].drop_duplicates().iloc[0].to_dict()
-    table = floor_table(rounds, hardware_limit(_timing(**keys), _floor().assign(**keys)), pd.DataFrame())
+    limit = hardware_limit(_timing(**keys), _floor().assign(**keys))
+    table = floor_table(rounds, limit, pd.DataFrame())
     row = table.iloc[0]
-    spare = row["E[N]"] * row["C_t1"] - row["C_t(d+1)"] - row["C_o"]
-    assert spare > 0 and math.isclose(row["C_d at break-even"], spare / row["drafted per round"])
-    assert math.isclose(row["C_d ÷ break-even"], row["C_d per token"] / row["C_d at break-even"])
-    assert math.isclose(_ms(table).iloc[0]["C_d at break-even ms"], 1e3 * row["C_d at break-even"])
-    # a verify no acceptance pays for (the plain steps as they were): no draft cost ties
+    per_round = round_level(rounds)
+    assert math.isclose(row["C_o"], per_round[per_round["gamma"] > 0]["t_overhead"].mean())
+    assert math.isclose(row["plain step"], per_round[per_round["gamma"] == 0]["t_round"].mean())
+    d, tie = row["drafted per round"], row["C_d at break-even"]
+    assert tie > 0 and math.isclose(
+        speedup_formula(row["E[N]"], row["plain step"], d * tie, row["C_t(d+1)"], row["C_o"]), 1
+    )
+    assert math.isclose(row["C_d ÷ break-even"], row["C_d per token"] / tie)
+    assert math.isclose(_ms(table).iloc[0]["C_d at break-even ms"], 1e3 * tie)
     slow = rounds.assign(t_verify=rounds["t_verify"].where(rounds["gamma"] == 0, rounds["t_verify"] * 100))
-    row = floor_table(slow, hardware_limit(_timing(**keys), _floor().assign(**keys)), pd.DataFrame()).iloc[0]
+    row = floor_table(slow, limit, pd.DataFrame()).iloc[0]
     assert row["C_d at break-even"] == 0.0 and math.isnan(row["C_d ÷ break-even"])
 
 

@@ -97,8 +97,9 @@ def per_prompt_table(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def _job_costs(rounds: pd.DataFrame, decoder: str) -> dict:
-    """E[N], drafted tokens per round, C_d per drafted token, C_t(d+1), C_o share of one engine's rounds and
-    C_t1 of the job's timed baseline rounds (means per round, as a cost model reads them)."""
+    """E[N], drafted tokens per round, C_d per drafted token, C_t(d+1), C_o (and its share) of one engine's rounds,
+    and C_t1 (the forward) and the whole plain step (forward, sampling, commit) of the job's timed baseline rounds
+    (means per round, as a cost model reads them)."""
     sp = round_level(rounds[(decoder_column(rounds) == decoder) & (rounds["gamma"] > 0)])
     ar = round_level(rounds[ar_mask(rounds)])
     if sp.empty or ar.empty:
@@ -111,6 +112,7 @@ def _job_costs(rounds: pd.DataFrame, decoder: str) -> dict:
         "E[N]": (sp["committed"] / rows).mean(),
         "drafted per round": (drafted / rows).mean(),
         "C_t1": ar["t_verify"].mean(),
+        "plain step": ar["t_round"].mean(),
         "C_d per token": cd,
         "C_t(d+1)": sp["t_verify"].mean(),
         "C_o share": sp["t_overhead"].sum() / sp["t_round"].sum(),
@@ -119,10 +121,11 @@ def _job_costs(rounds: pd.DataFrame, decoder: str) -> dict:
 
 
 def break_even_cd(costs: dict) -> float:
-    """The C_d per drafted token at which rounds of these E[N], C_t(d+1) and C_o tie the plain steps (C_t1 each):
-    E[N]·C_t1 = d·C_d + C_t(d+1) + C_o solved for C_d; 0 where the verify and overhead alone cost more."""
-    spare = costs["E[N]"] * costs["C_t1"] - costs["C_t(d+1)"] - costs["C_o"]
-    return max(spare, 0.0) / costs["drafted per round"]
+    """The C_d per drafted token at which rounds of these E[N], C_t(d+1) and C_o tie the plain steps (`plain step`
+    each, its sampling and commit included, as the cost model's C_t1): E[N]·step = d·C_d + C_t(d+1) + C_o solved
+    for C_d; 0 where the verify and overhead alone cost more; NaN where no round drafted."""
+    spare = costs["E[N]"] * costs["plain step"] - costs["C_t(d+1)"] - costs["C_o"]
+    return max(spare, 0.0) / costs["drafted per round"] if costs["drafted per round"] > 0 else np.nan
 
 
 def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.DataFrame) -> pd.DataFrame:
@@ -145,8 +148,8 @@ def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.
             row["c = C_d/C_t1"] = costs["C_d per token"] / costs["C_t1"]
             # what the draft may cost for speculation to pay at all, at the acceptance and verify cost measured
             row["C_d at break-even"] = break_even_cd(costs)
-            spare = row["C_d at break-even"]
-            row["C_d ÷ break-even"] = costs["C_d per token"] / spare if spare else np.nan  # –: no draft cost pays
+            tie = row["C_d at break-even"]
+            row["C_d ÷ break-even"] = costs["C_d per token"] / tie if tie > 0 else np.nan  # –: no draft cost pays
             hl = hardware_limit
             if len(hl):
                 hl = hl[np.logical_and.reduce([hl[k] == v for k, v in keys.items() if k in hl.columns] or [True])]
@@ -191,7 +194,7 @@ def demonstrated_floor(timing: pd.DataFrame, hardware_limit: pd.DataFrame) -> pd
 
 def _ms(df: pd.DataFrame) -> pd.DataFrame:
     """Seconds -> milliseconds for reading."""
-    cols = ("C_t1", "C_d per token", "C_t(d+1)", "C_o", "C_d at break-even", "llama.cpp C_t1")
+    cols = ("C_t1", "plain step", "C_d per token", "C_t(d+1)", "C_o", "C_d at break-even", "llama.cpp C_t1")
     return df.assign(**{c: df[c] * 1e3 for c in cols if c in df}).rename(columns={c: f"{c} ms" for c in cols})
 
 
@@ -238,17 +241,18 @@ def engines_sections(tables: dict) -> list[Section]:
             Section(
                 "Engines at the hardware floor",
                 text=[
-                    "Per timed speculative engine: E[N], C_t1 (the job's plain step), C_d per drafted token and "
+                    "Per timed speculative engine: E[N], C_t1 (the job's plain forward) and the plain step (forward, "
+                    "sampling, commit), C_d per drafted token and "
                     "c = C_d/C_t1, C_t(d+1) of its verification and the C_o share of a round, beside the weight-"
                     "streaming floors (weight bytes ÷ the job's matvec and read bandwidths, and ÷ the read rate of "
                     "each model's own weights where they lie; `Hardware limit`). "
                     "Ideal = E[N]·floor_t / (d·floor_d + C_t(d+1)) with d drafted tokens per round: the speedup "
                     "if both models streamed their weights at the floor; the share is the measured median speedup "
-                    "over the engine's own baseline ÷ that ideal. C_d at break-even = (E[N]·C_t1 − C_t(d+1) − C_o) / d: "
-                    "the most a drafted token may cost for these rounds to tie the plain steps, at the acceptance, "
-                    "verify cost and overhead measured (0, and C_d ÷ break-even –, where even a free draft would "
-                    "not pay); C_d ÷ break-even above 1: the draft, not acceptance, is what keeps speculation from "
-                    "paying."
+                    "over the engine's own baseline ÷ that ideal. C_d at break-even = (E[N]·plain step − C_t(d+1) − C_o) / d: "
+                    "the most a drafted "
+                    "token may cost for these rounds to tie the plain steps, at the acceptance, verify cost and "
+                    "overhead measured (0, and C_d ÷ break-even –, where even a free draft would not pay). C_d ÷ "
+                    "break-even above 1: at this acceptance the draft is too slow for speculation to pay."
                 ],
                 tables=[
                     (
