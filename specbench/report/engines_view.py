@@ -248,11 +248,11 @@ def engines_sections(tables: dict) -> list[Section]:
                     "each model's own weights where they lie; `Hardware limit`). "
                     "Ideal = E[N]·floor_t / (d·floor_d + C_t(d+1)) with d drafted tokens per round: the speedup "
                     "if both models streamed their weights at the floor; the share is the measured median speedup "
-                    "over the engine's own baseline ÷ that ideal. C_d at break-even = (E[N]·plain step − C_t(d+1) − C_o) / d: "
-                    "the most a drafted "
-                    "token may cost for these rounds to tie the plain steps, at the acceptance, verify cost and "
-                    "overhead measured (0, and C_d ÷ break-even –, where even a free draft would not pay). C_d ÷ "
-                    "break-even above 1: at this acceptance the draft is too slow for speculation to pay."
+                    "over the engine's own baseline ÷ that ideal. "
+                    "C_d at break-even = (E[N]·plain step − C_t(d+1) − C_o) / d: the most a drafted token may cost "
+                    "for these rounds to tie the plain steps, at the acceptance, verify cost and overhead measured "
+                    "(0, and C_d ÷ break-even –, where even a free draft would not pay). C_d ÷ break-even above 1: "
+                    "at this acceptance the draft is too slow for speculation to pay."
                 ],
                 tables=[
                     (
