@@ -149,15 +149,14 @@ def test_break_even_draft_cost_solves_the_round_for_c_d():
     """At C_d = break-even the cost model's own speedup (`speedup_formula`, the plain step as its C_t1) is 1, on the
     EPYC AVX2 job's figures (avx2_break_even: E[N] 5.316, plain step 11.713 ms, C_t(6) 17.075 ms, C_o 1.269 ms,
     d = 5); 0 where the verify alone costs more than the tokens it yields; NaN where no round drafted."""
-    from specbench.analysis.speedup import speedup_formula
-    from specbench.report.engines_view import break_even_cd
+    from specbench.analysis.speedup import break_even_draft_cost, speedup_formula
 
-    costs = {"E[N]": 5.316, "plain step": 11.713e-3, "C_t(d+1)": 17.075e-3, "C_o": 1.269e-3, "drafted per round": 5.0}
-    tie = break_even_cd(costs)
+    costs = {"accept_length": 5.316, "ct1": 11.713e-3, "ct": 17.075e-3, "co": 1.269e-3, "drafted": 5.0}
+    tie = break_even_draft_cost(**costs)
     assert math.isclose(tie, 8.785e-3, rel_tol=1e-3)  # the job's report
     assert math.isclose(speedup_formula(5.316, 11.713e-3, 5 * tie, 17.075e-3, 1.269e-3), 1.0)
-    assert break_even_cd({**costs, "E[N]": 1.5}) == 0.0
-    assert math.isnan(break_even_cd({**costs, "drafted per round": 0.0}))
+    assert break_even_draft_cost(**{**costs, "accept_length": 1.5}) == 0.0
+    assert math.isnan(break_even_draft_cost(**{**costs, "drafted": 0.0}))
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])

@@ -49,6 +49,14 @@ def ideal_speedup(accept_length, ct1, cd, ct):
     return speedup_formula(accept_length, ct1, cd, ct, 0.0)
 
 
+def break_even_draft_cost(accept_length, ct1, ct, co, drafted):
+    """`speedup_formula` solved for the draft at S = 1, per drafted token: C_d = (E[N]·C_t1 − C_t(γ+1) − C_o) / d
+    with C_d(γ) = d·C_d; 0 where the verify and overhead alone cost more than E[N] plain steps; NaN where d = 0."""
+    if drafted <= 0:
+        return math.nan
+    return max(accept_length * ct1 - ct - co, 0.0) / drafted
+
+
 def predict_speedup(
     acceptance: AcceptanceProfile,
     timing: TimingProfile,

@@ -14,6 +14,7 @@ import pandas as pd
 
 from specbench.analysis.floor import FLOOR_KEYS
 from specbench.analysis.rows import ar_mask, decoder_column, plain_mask, round_level
+from specbench.analysis.speedup import break_even_draft_cost, ideal_speedup
 from specbench.analysis.stats import median_ci
 from specbench.engines import ENGINES, baseline_of, has_timed_rounds
 from specbench.report.render import Section
@@ -120,14 +121,6 @@ def _job_costs(rounds: pd.DataFrame, decoder: str) -> dict:
     }
 
 
-def break_even_cd(costs: dict) -> float:
-    """The C_d per drafted token at which rounds of these E[N], C_t(d+1) and C_o tie the plain steps (`plain step`
-    each, its sampling and commit included, as the cost model's C_t1): E[N]·step = d·C_d + C_t(d+1) + C_o solved
-    for C_d; 0 where the verify and overhead alone cost more; NaN where no round drafted."""
-    spare = costs["E[N]"] * costs["plain step"] - costs["C_t(d+1)"] - costs["C_o"]
-    return max(spare, 0.0) / costs["drafted per round"] if costs["drafted per round"] > 0 else np.nan
-
-
 def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.DataFrame) -> pd.DataFrame:
     """Per (job, timed speculative engine): its step costs beside the floors (`hardware_limit`'s rows of
     the job's hardware, dtype, target, draft and batch size), c = C_d/C_t1, the ideal speedup at each floor
@@ -146,9 +139,10 @@ def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.
             keys = {k: r[k].iloc[0] for k in (*FLOOR_KEYS, "batch_size") if k in r.columns}
             row = {**({"job": job} if job is not None else {}), "decoder": decoder, "draft": keys.get("draft"), **costs}
             row["c = C_d/C_t1"] = costs["C_d per token"] / costs["C_t1"]
-            # what the draft may cost for speculation to pay at all, at the acceptance and verify cost measured
-            row["C_d at break-even"] = break_even_cd(costs)
-            tie = row["C_d at break-even"]
+            # what the draft may cost for speculation to pay at all, against the whole plain step (the cost model's C_t1)
+            tie = row["C_d at break-even"] = break_even_draft_cost(
+                costs["E[N]"], costs["plain step"], costs["C_t(d+1)"], costs["C_o"], costs["drafted per round"]
+            )
             row["C_d ÷ break-even"] = costs["C_d per token"] / tie if tie > 0 else np.nan  # –: no draft cost pays
             hl = hardware_limit
             if len(hl):
@@ -159,8 +153,8 @@ def floor_table(rounds: pd.DataFrame, hardware_limit: pd.DataFrame, engines: pd.
                 fd = hl[f"draft_floor{sfx}"].where(hl["draft_weight_bytes"] > 0, 0.0).median() if len(hl) else np.nan
                 row[f"C_t1 ÷ {probe} floor"] = costs["C_t1"] / ft
                 row[f"C_d ÷ {probe} floor"] = costs["C_d per token"] / fd if fd else np.nan
-                row[f"ideal at {probe} floors"] = (
-                    costs["E[N]"] * ft / (costs["drafted per round"] * fd + costs["C_t(d+1)"])
+                row[f"ideal at {probe} floors"] = ideal_speedup(
+                    costs["E[N]"], ft, costs["drafted per round"] * fd, costs["C_t(d+1)"]
                 )
             sel = engines[(engines["decoder"] == decoder) & engines["own baseline"]] if len(engines) else engines
             if job is not None and len(sel) and "job" in sel.columns:
